@@ -1,0 +1,129 @@
+"""Turning raw top-K logprobs into certified ``log q_τ`` intervals and entropy estimates.
+
+With ``a = 1/τ``, ``log q_τ(x) = a·log p0(x) − log Z`` where ``Z = Σ_v p0(v)^a``. From the top-K
+raw logprobs of a position (returned set ``S``, tail mass ``M = 1 − Σ_S p0``, smallest returned
+probability ``p_K``) every tail token has ``p ≤ p_K``, so:
+
+* ``a > 1``: ``Σ_S p^a ≤ Z ≤ Σ_S p^a + M·p_K^(a−1)``;
+* ``a = 1``: ``Z = 1`` exactly;
+* ``a < 1``: ``Σ_S p^a + M·p_K^(a−1) ≤ Z ≤ Σ_S p^a + n^(1−a)·M^a`` (``n`` tail tokens, by
+  concavity), which needs the vocabulary size.
+
+Every engine adapter derives its intervals here, so the bound is written once. The entropy
+estimate ``−Σ_S p log p − M·log p_K`` is the top-K-with-tail lower bound of ``H``: a
+deterministic function of what the engine returned, as EntropyCut's cut law requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from presto_client.engine import FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class PositionScores:
+    """Scores derived for a run of positions (one row per position)."""
+
+    logq_lo: FloatArray  # [n, M]
+    logq_hi: FloatArray  # [n, M]
+    entropy: FloatArray  # [n]
+    log_z_lo: FloatArray  # [n, M]
+    log_z_hi: FloatArray  # [n, M]
+
+
+def scores_from_topk(
+    sampled_logp0: FloatArray,
+    top_logp0: FloatArray,
+    temperatures: Sequence[float],
+    vocab_size: int | None = None,
+) -> PositionScores:
+    """Certified ``log q`` intervals of the sampled tokens from raw top-K logprobs.
+
+    ``sampled_logp0``: ``[n]`` raw logprob of each sampled token. ``top_logp0``: ``[n, K]`` raw
+    top-K logprobs per position, deduplicated by token id, padded with ``-inf``. The sampled token
+    may or may not be among them. With the full vocabulary in ``top_logp0`` the interval is exact
+    up to rounding.
+    """
+    sampled = np.asarray(sampled_logp0, dtype=np.float64)
+    top = np.asarray(top_logp0, dtype=np.float64)
+    if top.ndim != 2 or top.shape[0] != sampled.shape[0]:
+        raise ValueError(f"top_logp0 must be [n, K] with n={sampled.shape[0]}, got {top.shape}")
+    if np.isnan(sampled).any() or np.isnan(top).any():
+        raise ValueError("NaN logprob: the engine failed on this proposal")
+    finite = np.isfinite(top)
+    probs = np.where(finite, np.exp(np.where(finite, top, 0.0)), 0.0)
+    mass = probs.sum(axis=1)
+    tail = np.clip(1.0 - mass, 0.0, None)
+    # Smallest returned probability bounds every token outside the returned set.
+    p_k = np.where(finite, probs, np.inf).min(axis=1)
+    p_k = np.where(np.isfinite(p_k), p_k, 1.0)
+    n_returned = finite.sum(axis=1)
+
+    plogp = np.where(probs > 0, probs * np.log(np.where(probs > 0, probs, 1.0)), 0.0)
+    entropy = -plogp.sum(axis=1) + np.where(tail > 0, -tail * np.log(p_k), 0.0)
+
+    n_temps = len(temperatures)
+    log_z_lo = np.empty((sampled.shape[0], n_temps))
+    log_z_hi = np.empty((sampled.shape[0], n_temps))
+    logq_lo = np.empty_like(log_z_lo)
+    logq_hi = np.empty_like(log_z_lo)
+    for m, tau in enumerate(temperatures):
+        if tau <= 0:
+            raise ValueError(f"temperature must be > 0, got {tau}")
+        a = 1.0 / tau
+        if np.isclose(a, 1.0, rtol=0.0, atol=1e-12):
+            zlo = zhi = np.zeros_like(mass)
+        else:
+            head = np.where(finite, np.exp(a * np.where(finite, top, 0.0)), 0.0).sum(axis=1)
+            if a > 1.0:
+                lo = head
+                hi = head + tail * p_k ** (a - 1.0)
+            else:
+                if vocab_size is None:
+                    raise ValueError(
+                        f"temperature {tau} > 1 needs the vocabulary size to bound the tail"
+                    )
+                n_tail = np.clip(vocab_size - n_returned, 0, None).astype(np.float64)
+                lo = head + tail * p_k ** (a - 1.0)
+                hi = head + n_tail ** (1.0 - a) * tail**a
+                lo = np.minimum(lo, hi)
+            zlo, zhi = np.log(lo), np.log(hi)
+        log_z_lo[:, m] = zlo
+        log_z_hi[:, m] = zhi
+        logq_lo[:, m] = a * sampled - zhi
+        logq_hi[:, m] = a * sampled - zlo
+    return PositionScores(logq_lo, logq_hi, entropy, log_z_lo, log_z_hi)
+
+
+def exact_scores(
+    sampled_ids: Sequence[int] | np.ndarray,
+    full_logp0: FloatArray,
+    temperatures: Sequence[float],
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``(log p0, log q [n, M], entropy)`` of sampled tokens from full-vocabulary logprobs."""
+    full = np.asarray(full_logp0, dtype=np.float64)
+    ids = np.asarray(sampled_ids, dtype=np.int64)
+    rows = np.arange(full.shape[0])
+    logp0 = full[rows, ids]
+    logq = np.empty((full.shape[0], len(temperatures)))
+    for m, tau in enumerate(temperatures):
+        scaled = full / tau
+        logq[:, m] = scaled[rows, ids] - _logsumexp_rows(scaled)
+    p = np.exp(full)
+    entropy = -(p * np.where(p > 0, full, 0.0)).sum(axis=1)
+    return logp0, logq, entropy
+
+
+def _logsumexp_rows(x: FloatArray) -> FloatArray:
+    top = x.max(axis=1, keepdims=True)
+    return (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))[:, 0]
+
+
+def log_softmax(logits: FloatArray) -> FloatArray:
+    """Row-wise log-softmax."""
+    x = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+    return x - _logsumexp_rows(x)[:, None]

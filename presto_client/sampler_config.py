@@ -1,0 +1,60 @@
+"""Plain settings of one sampler, as the core sees them (configs are parsed in the faces layer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SamplerName = Literal["power_mh", "entropy_cut", "multi_try_mh"]
+Traversal = Literal["sequential", "bfs", "predictive", "crn"]
+
+SAMPLERS: tuple[str, ...] = ("power_mh", "entropy_cut", "multi_try_mh")
+TRAVERSALS: tuple[str, ...] = ("sequential", "bfs", "predictive", "crn")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerConfig:
+    """One power sampler: target ``p0^α``, blocks of ``block_size`` tokens, ``K`` steps a block."""
+
+    sampler: SamplerName = "power_mh"
+    alpha: float = 4.0
+    tau: float | None = None
+    """Proposal temperature; ``None`` means ``1/α``."""
+    block_size: int = 16
+    num_blocks: int = 1
+    steps_per_block: int = 8
+    """``K``: Metropolis–Hastings transitions after each block's extension."""
+    beta: float = 4.0
+    """EntropyCut: exponent of the entropy-jump cut law."""
+    k_try: int = 4
+    """MultiTryMH: candidates per transition."""
+    temperatures: tuple[float, ...] = field(default=(0.25, 0.5, 1.0))
+    """MultiTryMH: temperatures a candidate's suffix may be drawn at (uniformly)."""
+    epsilon: float = 0.01
+    """A decision is ε-certain when ``A ≥ 1−ε`` or ``A ≤ ε`` (statistics, predictor)."""
+    eos_token_id: int | None = None
+    """Responses are truncated at the first EOS after the last block."""
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {self.sampler!r}; valid samplers are {SAMPLERS}")
+        if self.alpha <= 0:
+            raise ValueError("alpha must be > 0")
+        if self.tau is not None and self.tau <= 0:
+            raise ValueError("tau must be > 0")
+        if self.block_size < 1 or self.num_blocks < 1 or self.steps_per_block < 0:
+            raise ValueError("block_size and num_blocks must be >= 1, steps_per_block >= 0")
+        if self.k_try < 1:
+            raise ValueError("k_try must be >= 1")
+        if not self.temperatures or any(t <= 0 for t in self.temperatures):
+            raise ValueError("temperatures must be a non-empty list of positive numbers")
+        if not 0 < self.epsilon < 0.5:
+            raise ValueError("epsilon must be in (0, 0.5)")
+
+    @property
+    def proposal_temperature(self) -> float:
+        return self.tau if self.tau is not None else 1.0 / self.alpha
+
+    @property
+    def response_length(self) -> int:
+        return self.block_size * self.num_blocks
