@@ -1,0 +1,18 @@
+"""HTTP backends: one adapter per serving dialect, a shared transport, a registry.
+
+``create_engine(spec, replica)`` builds the engine for one replica of an :class:`EngineSpec`.
+"""
+
+from __future__ import annotations
+
+from backends.base import Capabilities, EngineSpec, ProbeReport
+from backends.registry import available_backends, create_engine, register_backend
+
+__all__ = [
+    "Capabilities",
+    "EngineSpec",
+    "ProbeReport",
+    "available_backends",
+    "create_engine",
+    "register_backend",
+]

@@ -1,0 +1,98 @@
+"""What every HTTP backend shares: the engine spec, the probe report, the capabilities record.
+
+An :class:`EngineSpec` is the plain object the faces layer builds from a job config; the
+registry (:func:`backends.create_engine`) turns it into an engine for one replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+VLLM_LOGPROB_MODES: tuple[str, ...] = ("raw", "processed")
+SGLANG_LOGPROB_MODES: tuple[str, ...] = ("scaled", "raw")
+OPENAI_LOGPROB_MODES: tuple[str, ...] = ("raw",)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One serving engine (possibly several data-parallel replicas) as the backends see it."""
+
+    kind: str
+    """Registry key: ``"vllm"`` | ``"sglang"`` | ``"openai"``."""
+    base_urls: tuple[str, ...]
+    """One or more replicas (data-parallel servers); a chain sticks to one."""
+    model: str | None = None
+    """Served model name; ``None``: discovered via ``/v1/models`` (or the server info)."""
+    logprob_mode: str = "auto"
+    """vllm: ``"raw"`` (one call, certified top-K interval) | ``"processed"`` (exact, two calls);
+    sglang: ``"scaled"`` (default output logprobs) | ``"raw"``
+    (``SGLANG_RETURN_ORIGINAL_LOGPROB=1``); openai: ``"raw"``; ``"auto"``: the dialect's default."""
+    top_k: int = 20
+    max_concurrency: int = 32
+    """In-flight HTTP requests per replica."""
+    request_timeout_s: float = 300.0
+    connect_timeout_s: float = 10.0
+    max_retries: int = 3
+    api_key: str | None = None
+    name: str | None = None
+    """Display name; default ``kind@host:port``."""
+    vocab_size: int | None = None
+    """Needed only for temperatures > 1 (bounding the top-K tail)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.base_urls, str):  # a common slip: one URL instead of a tuple
+            object.__setattr__(self, "base_urls", (self.base_urls,))
+        else:
+            object.__setattr__(self, "base_urls", tuple(self.base_urls))
+
+    def display_name(self, replica: int = 0) -> str:
+        if self.name:
+            return self.name if len(self.base_urls) <= 1 else f"{self.name}#{replica}"
+        url = self.base_urls[replica] if self.base_urls else ""
+        netloc = urlsplit(url).netloc or url
+        return f"{self.kind}@{netloc}"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a dialect (as configured) can do; read by the orchestration and the probe."""
+
+    dialect: str
+    logprob_mode: str
+    """The resolved mode (never ``"auto"``)."""
+    logprob_semantics: str
+    """``"raw"``: returned logprobs are ``log p0`` (log q derived, certified interval);
+    ``"scaled"``: they are exact ``log q_τ`` at the request temperature."""
+    exact_logq: bool
+    """Whether ``generate`` returns exact ``log q`` (``lo == hi``) at the request temperature."""
+    calls_per_proposal: int
+    seeds_honoured: bool | None
+    """``None`` until the probe has checked."""
+    scoring_call: bool
+    """Whether the server can score given tokens (``Engine.score``)."""
+    streaming: bool
+    max_top_k: int | None
+    metrics: tuple[str, ...] = ()
+    """Prometheus metric names read for the prefix-cache counters (queries, hits)."""
+
+
+@dataclass(slots=True)
+class ProbeReport:
+    """What the start-up probe found; ``ok`` is False only with ``problems`` listed."""
+
+    engine: str
+    base_url: str
+    model: str
+    logprob_mode: str
+    healthy: bool = True
+    seeds_honoured: bool | None = None
+    max_abs_logprob_diff: float | None = None
+    """The largest |returned − expected| logprob seen while checking the logprob semantics."""
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    details: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems

@@ -1,0 +1,66 @@
+"""The registry of backend dialects: register, list, create.
+
+A backend is an adapter class (pure request builders and response parsers, see
+:mod:`backends.adapter`); the shared :class:`~backends.engine.HttpEngine` drives it over the
+shared transport. Third-party adapters register themselves with :func:`register_backend`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from backends.base import EngineSpec
+from presto_client.errors import ConfigError
+
+if TYPE_CHECKING:
+    from backends.engine import HttpEngine
+
+# Built-in dialects are imported on first use: "module:attribute".
+_BUILTIN: dict[str, str] = {
+    "vllm": "backends.vllm:VllmAdapter",
+    "sglang": "backends.sglang:SglangAdapter",
+    "openai": "backends.openai_compat:OpenAICompatAdapter",
+}
+_REGISTRY: dict[str, Any] = {}
+
+
+def register_backend(name: str, adapter_cls: Any) -> None:
+    """Make ``adapter_cls`` available as ``kind: name`` (replaces an earlier registration)."""
+    if not name or not isinstance(name, str):
+        raise ConfigError(f"backend name must be a non-empty string, got {name!r}")
+    _REGISTRY[name] = adapter_cls
+
+
+def available_backends() -> tuple[str, ...]:
+    """The registered backend names, sorted."""
+    return tuple(sorted(set(_BUILTIN) | set(_REGISTRY)))
+
+
+def adapter_class(name: str) -> Any:
+    """The adapter class registered as ``name``; ConfigError listing the valid names otherwise."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in _BUILTIN:
+        module_name, attr = _BUILTIN[name].split(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+        _REGISTRY[name] = cls
+        return cls
+    raise ConfigError(
+        f"unknown backend {name!r}; valid backends are: {', '.join(available_backends())}"
+    )
+
+
+def create_engine(spec: EngineSpec, replica: int = 0) -> HttpEngine:
+    """The engine serving replica ``replica`` of ``spec`` (an unknown kind raises ConfigError)."""
+    from backends.engine import HttpEngine
+
+    cls = adapter_class(spec.kind)
+    if not spec.base_urls:
+        raise ConfigError(f"engine {spec.kind!r} has no base_urls")
+    if not 0 <= replica < len(spec.base_urls):
+        raise ConfigError(
+            f"replica {replica} out of range: engine {spec.display_name()} has "
+            f"{len(spec.base_urls)} base_urls"
+        )
+    return HttpEngine(spec, cls(spec), replica=replica)
