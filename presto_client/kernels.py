@@ -1,0 +1,307 @@
+"""The three Metropolis–Hastings kernels: cut laws, proposals, and ``log A``.
+
+This module is the one place where ``log A`` is computed, for every runner. Each kernel turns a
+realised state ``x``, a cut ``c``, the generated proposal(s) and the transition's draws into a
+:class:`Verdict`. Scores may be certified intervals (top-K engines): the verdict is then decided
+only when ``log u`` lies outside the interval of ``log A``, so that every decided verdict is
+exactly the exact kernel's decision; otherwise it is *ambiguous* and the runner tightens the
+scores and asks again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from presto_client.engine import FloatArray, ProposalRequest, ScoredTokens, ScoreSpec
+from presto_client.errors import InvalidResponseError
+from presto_client.rng import TransitionDraws
+from presto_client.sampler_config import SamplerConfig
+from presto_client.state import ChainState
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of one transition's decision (or the news that it is not yet decidable)."""
+
+    decided: bool
+    accepted: bool
+    selected: int
+    """Index of the proposal spliced in on accept (MultiTryMH's selected candidate, else 0)."""
+    log_accept_lo: float
+    log_accept_hi: float
+    """Bounds of ``log A`` (MultiTryMH: of the log acceptance ratio of the selected candidate)."""
+    eps_certain: bool
+    """``A ≥ 1−ε`` or ``A ≤ ε`` over the whole interval."""
+
+    @property
+    def log_accept(self) -> float:
+        return 0.5 * (self.log_accept_lo + self.log_accept_hi)
+
+
+def _check_finite(name: str, *values: float) -> None:
+    for v in values:
+        if math.isnan(v):
+            raise InvalidResponseError(f"{name} is NaN: a proposal came back with NaN logprobs")
+
+
+def _decide_interval(lo: float, hi: float, u: float, epsilon: float) -> Verdict:
+    """Accept iff ``log u < log A``, ``log A ∈ [lo, hi]``; ambiguous if ``lo ≤ log u < hi``."""
+    _check_finite("log A", lo, hi)
+    log_u = math.log(u)
+    eps_certain = lo >= math.log1p(-epsilon) or hi <= math.log(epsilon)
+    if log_u < lo:
+        return Verdict(True, True, 0, lo, hi, eps_certain)
+    if log_u >= hi:
+        return Verdict(True, False, 0, lo, hi, eps_certain)
+    return Verdict(False, False, 0, lo, hi, eps_certain)
+
+
+class Kernel:
+    """Shared machinery of the kernels: proposals of one suffix at the proposal temperature."""
+
+    #: Whether the cut law depends on the state (EntropyCut): trees must verify speculated cuts.
+    state_dependent_cut: bool = False
+
+    def __init__(self, config: SamplerConfig) -> None:
+        self.config = config
+        self.alpha = config.alpha
+        self.tau = config.proposal_temperature
+        self.score_spec = ScoreSpec(temperatures=(self.tau,))
+
+    @property
+    def sequences_per_proposal(self) -> int:
+        return 1
+
+    def cut(self, state: ChainState, u_cut: float) -> int:
+        """The cut ``c ∈ {0, …, T−1}`` that the uniform ``u_cut`` picks under the cut law."""
+        return min(int(u_cut * state.length), state.length - 1)
+
+    def log_cut_probability(self, state: ChainState, cut: int) -> float:
+        return -math.log(state.length)
+
+    def requests(
+        self, prefix: tuple[int, ...], num_tokens: int, draws: TransitionDraws
+    ) -> list[ProposalRequest]:
+        return [ProposalRequest(prefix, num_tokens, self.tau, draws.seeds[0], self.score_spec)]
+
+    def extension_request(self, prefix: tuple[int, ...], seed: int) -> ProposalRequest:
+        return ProposalRequest(prefix, self.config.block_size, self.tau, seed, self.score_spec)
+
+    def log_accept_bounds(
+        self, state: ChainState, cut: int, proposal: ScoredTokens
+    ) -> tuple[float, float]:
+        """``log A`` of replacing ``x``'s suffix at ``cut`` with ``proposal`` (PowerMH §2).
+
+        ``α·(Σ log p0(y) − Σ log p0(x)) + Σ log q(x) − Σ log q(y)``, suffix terms only: both
+        states share the prefix, so its terms cancel exactly.
+        """
+        x = state.response.slice(cut)
+        base = self.alpha * (float(proposal.logp0.sum()) - float(x.logp0.sum()))
+        lo = base + float(x.logq_lo[:, 0].sum()) - float(proposal.logq_hi[:, 0].sum())
+        hi = base + float(x.logq_hi[:, 0].sum()) - float(proposal.logq_lo[:, 0].sum())
+        return lo, hi
+
+    def evaluate(
+        self,
+        state: ChainState,
+        cut: int,
+        proposals: Sequence[ScoredTokens],
+        draws: TransitionDraws,
+    ) -> Verdict:
+        lo, hi = self.log_accept_bounds(state, cut, proposals[0])
+        return _decide_interval(lo, hi, draws.u_accept, self.config.epsilon)
+
+    def accept(
+        self, state: ChainState, cut: int, proposals: Sequence[ScoredTokens], verdict: Verdict
+    ) -> ChainState:
+        return state.splice(cut, proposals[verdict.selected])
+
+    def normaliser_drift(self, state: ChainState, cut: int, proposal: ScoredTokens) -> float:
+        """Engine health: ``|log Z|`` at the cut as seen by ``x`` and by ``y`` (same context).
+
+        Both the current token at ``cut`` and the proposal's first token were scored in the same
+        context, so their implied normalisers ``log p0/τ − log q`` must agree; any difference is
+        numerical drift of the engine (batching, dtype).
+        """
+        if len(proposal) == 0:
+            return 0.0
+        x = state.response
+        worst = 0.0
+        for m, tau in enumerate(self.score_spec.temperatures):
+            lz_x = x.logp0[cut] / tau - 0.5 * (x.logq_lo[cut, m] + x.logq_hi[cut, m])
+            lz_y = proposal.logp0[0] / tau - 0.5 * (proposal.logq_lo[0, m] + proposal.logq_hi[0, m])
+            worst = max(worst, abs(float(lz_x - lz_y)))
+        return worst
+
+
+class PowerMH(Kernel):
+    """Karan & Du's power sampler: uniform cut, one suffix from ``q_τ``."""
+
+
+class EntropyCut(Kernel):
+    """Cut at decision points: ``λ(c; x) ∝ Δ_{c+1}^β`` with ``Δ_t = max(0, H_t − H_{t−1})``.
+
+    ``H_0 := 0``, so the first position's jump is its own entropy. The law is a deterministic
+    function of the stored entropies (uniform when every jump is 0), and its ratio enters
+    ``log A``: ``+ log λ(c; y) − log λ(c; x)``.
+    """
+
+    state_dependent_cut = True
+
+    def __init__(self, config: SamplerConfig) -> None:
+        super().__init__(config)
+        self.beta = config.beta
+        self.score_spec = ScoreSpec(temperatures=(self.tau,), entropy=True)
+
+    def cut_weights(self, state: ChainState) -> FloatArray:
+        entropy = state.response.entropy
+        if entropy is None:
+            raise ValueError("EntropyCut needs per-token entropies in the state")
+        previous = np.concatenate([[0.0], entropy[:-1]])
+        jumps = np.maximum(0.0, entropy - previous)
+        weights: FloatArray = jumps**self.beta
+        total = float(weights.sum())
+        if not total > 0.0:
+            return np.full(state.length, 1.0 / state.length)
+        return weights / total
+
+    def cut(self, state: ChainState, u_cut: float) -> int:
+        cdf = np.cumsum(self.cut_weights(state))
+        return min(int(np.searchsorted(cdf, u_cut * cdf[-1], side="right")), state.length - 1)
+
+    def log_cut_probability(self, state: ChainState, cut: int) -> float:
+        p = float(self.cut_weights(state)[cut])
+        return math.log(p) if p > 0 else -math.inf
+
+    def evaluate(
+        self,
+        state: ChainState,
+        cut: int,
+        proposals: Sequence[ScoredTokens],
+        draws: TransitionDraws,
+    ) -> Verdict:
+        lo, hi = self.log_accept_bounds(state, cut, proposals[0])
+        proposed = state.splice(cut, proposals[0])
+        correction = self.log_cut_probability(proposed, cut) - self.log_cut_probability(state, cut)
+        return _decide_interval(
+            lo + correction, hi + correction, draws.u_accept, self.config.epsilon
+        )
+
+
+class MultiTryMH(Kernel):
+    """Multiple-try Metropolis with independent candidates at mixed temperatures (§3).
+
+    ``w_j = π(y_j)/q_mix(y_j)`` relative to the current suffix ``u`` (whose weight is 1);
+    select ``J ∝ w_J``; accept with ``min(1, W / (W − w_J + 1))``. With interval scores both the
+    selection and the acceptance are certified by monotonicity (see :meth:`evaluate`).
+    """
+
+    def __init__(self, config: SamplerConfig) -> None:
+        super().__init__(config)
+        self.temperatures = config.temperatures
+        self.k_try = config.k_try
+        self.score_spec = ScoreSpec(temperatures=tuple(config.temperatures))
+        self._log_m = math.log(len(config.temperatures))
+
+    @property
+    def sequences_per_proposal(self) -> int:
+        return self.k_try
+
+    def requests(
+        self, prefix: tuple[int, ...], num_tokens: int, draws: TransitionDraws
+    ) -> list[ProposalRequest]:
+        return [
+            ProposalRequest(prefix, num_tokens, self.temperatures[m], seed, self.score_spec)
+            for seed, m in zip(draws.seeds, draws.temperature_index, strict=True)
+        ]
+
+    def extension_request(self, prefix: tuple[int, ...], seed: int) -> ProposalRequest:
+        return ProposalRequest(prefix, self.config.block_size, self.tau, seed, self.score_spec)
+
+    def _log_q_mix(self, scores: ScoredTokens) -> tuple[float, float]:
+        lo = float(np.logaddexp.reduce(scores.logq_lo.sum(axis=0))) - self._log_m
+        hi = float(np.logaddexp.reduce(scores.logq_hi.sum(axis=0))) - self._log_m
+        return lo, hi
+
+    def log_weight_bounds(
+        self, state: ChainState, cut: int, proposals: Sequence[ScoredTokens]
+    ) -> tuple[FloatArray, FloatArray]:
+        """Bounds of ``log w_j`` for every candidate, relative to the current suffix."""
+        current = state.response.slice(cut)
+        u_lo, u_hi = self._log_q_mix(current)
+        u_logp0 = float(current.logp0.sum())
+        lo = np.empty(len(proposals))
+        hi = np.empty(len(proposals))
+        for j, y in enumerate(proposals):
+            y_lo, y_hi = self._log_q_mix(y)
+            base = self.alpha * (float(y.logp0.sum()) - u_logp0)
+            lo[j] = base + u_lo - y_hi
+            hi[j] = base + u_hi - y_lo
+        return lo, hi
+
+    def evaluate(
+        self,
+        state: ChainState,
+        cut: int,
+        proposals: Sequence[ScoredTokens],
+        draws: TransitionDraws,
+    ) -> Verdict:
+        log_lo, log_hi = self.log_weight_bounds(state, cut, proposals)
+        _check_finite("log w", *log_lo, *log_hi)
+        # Scale so the largest weight (or the current state's 1) is 1: no overflow.
+        shift = max(float(log_hi.max()), 0.0)
+        a = np.exp(log_lo - shift)
+        b = np.exp(log_hi - shift)
+        one = math.exp(-shift)
+        u_sel = draws.u_select
+        # J = min{j : S_j > u·W}. For candidate j that holds for every weight vector in the box
+        # iff (1−u)·Σ_{i<j} w_i ≤ u·Σ_{i≥j} w_i and (1−u)·Σ_{i≤j} w_i > u·Σ_{i>j} w_i hold at the
+        # box corner least favourable to each.
+        selected = -1
+        for j in range(len(proposals)):
+            before_ok = (1 - u_sel) * b[:j].sum() <= u_sel * a[j:].sum()
+            through_ok = (1 - u_sel) * a[: j + 1].sum() > u_sel * b[j + 1 :].sum()
+            if before_ok and through_ok:
+                selected = j
+                break
+        ratio_lo, ratio_hi = self._ratio_bounds(a, b, one, max(selected, 0))
+        eps = self.config.epsilon
+        eps_certain = ratio_lo >= math.log1p(-eps) or ratio_hi <= math.log(eps)
+        if selected < 0:
+            return Verdict(False, False, 0, ratio_lo, ratio_hi, eps_certain)
+        # Accept iff u·(W − w_J + 1) < W  ⟺  (u−1)·Σ_{i≠J} w_i − w_J + u·1 < 0, whose left side
+        # falls as any weight grows: certain at the low corner (accept) or high corner (reject).
+        u_acc = draws.u_accept
+        others_a = a.sum() - a[selected]
+        others_b = b.sum() - b[selected]
+        if (u_acc - 1) * others_a - a[selected] + u_acc * one < 0:
+            return Verdict(True, True, selected, ratio_lo, ratio_hi, eps_certain)
+        if (u_acc - 1) * others_b - b[selected] + u_acc * one >= 0:
+            return Verdict(True, False, selected, ratio_lo, ratio_hi, eps_certain)
+        return Verdict(False, False, selected, ratio_lo, ratio_hi, eps_certain)
+
+    @staticmethod
+    def _ratio_bounds(a: FloatArray, b: FloatArray, one: float, j: int) -> tuple[float, float]:
+        """``log min(1, W/(W − w_J + 1))`` at both corners (statistics only, not decisions)."""
+
+        def log_ratio(w: FloatArray) -> float:
+            total = float(w.sum())
+            return min(0.0, math.log(total) - math.log(total - float(w[j]) + one))
+
+        r1, r2 = log_ratio(a), log_ratio(b)
+        return min(r1, r2), max(r1, r2)
+
+
+_KERNELS: dict[str, type[Kernel]] = {
+    "power_mh": PowerMH,
+    "entropy_cut": EntropyCut,
+    "multi_try_mh": MultiTryMH,
+}
+
+
+def make_kernel(config: SamplerConfig) -> Kernel:
+    return _KERNELS[config.sampler](config)

@@ -1,0 +1,317 @@
+"""Runners: drive one chain's transitions through an engine.
+
+* :class:`SequentialRunner` is the baseline: one engine call per transition, each waiting for
+  the previous decision.
+* :class:`PrestoRunner` generates a round of prefetched proposals in one batched call, then walks
+  the realised path with the original MH rule. Every ``log A`` is computed during the walk against
+  the state the walk actually holds at that node, never against the round's root.
+
+Both take the transition draws from :class:`~presto_client.rng.ChainRandomness` and decisions
+from :mod:`presto_client.kernels`, so ``sequential`` and ``crn`` replay the same chain.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.errors import InvalidResponseError
+from presto_client.kernels import Kernel, Verdict, make_kernel
+from presto_client.predictor import CertaintyPredictor
+from presto_client.rng import ChainRandomness, TransitionDraws
+from presto_client.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.state import ChainState
+from presto_client.stats import ChainStats, RoundKind, RoundRecord, TransitionRecord
+from presto_client.tree import TRAVERSAL_RULES, PlanContext
+
+logger = logging.getLogger(__name__)
+
+RoundCallback = Callable[[RoundRecord], None]
+
+
+@dataclass(slots=True)
+class ChainResult:
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    """The final response, truncated after the first EOS."""
+    full_token_ids: tuple[int, ...]
+    final_state: ChainState
+    stats: ChainStats
+    transitions: list[TransitionRecord]
+
+
+class _Runner:
+    """What both runners share: the chain's engine, kernel, draws, statistics and records."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sampler: SamplerConfig,
+        seed: int,
+        on_round: RoundCallback | None,
+    ) -> None:
+        self.engine = engine
+        self.config = sampler
+        self.kernel: Kernel = make_kernel(sampler)
+        self.randomness = ChainRandomness(
+            seed,
+            k_try=self.kernel.sequences_per_proposal,
+            num_temperatures=len(sampler.temperatures),
+        )
+        self.stats = ChainStats()
+        self.transitions: list[TransitionRecord] = []
+        self._on_round = on_round
+        self._round_index = 0
+
+    def _emit(
+        self,
+        block: int,
+        kind: RoundKind,
+        requests: int,
+        sequences: int,
+        used: int,
+        transitions: int,
+        accepts: int,
+        wall_s: float,
+        tokens: int,
+    ) -> None:
+        record = RoundRecord(
+            block,
+            self._round_index,
+            kind,
+            requests,
+            sequences,
+            used,
+            transitions,
+            accepts,
+            wall_s,
+            tokens,
+        )
+        self._round_index += 1
+        if self._on_round is not None:
+            self._on_round(record)
+
+    async def _generate(self, requests: list[ProposalRequest]) -> tuple[list[ScoredTokens], float]:
+        start = time.perf_counter()
+        results = await self.engine.generate(requests)
+        wall = time.perf_counter() - start
+        if len(results) != len(requests):
+            raise ValueError(f"engine returned {len(results)} results for {len(requests)} requests")
+        for request, result in zip(requests, results, strict=True):
+            if len(result) != request.num_tokens:
+                raise InvalidResponseError(
+                    f"asked for {request.num_tokens} tokens, got {len(result)}",
+                    engine=self.engine.name,
+                )
+        return results, wall
+
+    async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
+        state = ChainState(
+            tuple(int(t) for t in prompt_ids),
+            ScoredTokens.empty(
+                len(self.kernel.score_spec.temperatures), self.kernel.score_spec.entropy
+            ),
+        )
+        for block in range(self.config.num_blocks):
+            request = self.kernel.extension_request(
+                state.prefix(state.length), self.randomness.extension_seed(block)
+            )
+            (extension,), wall = await self._generate([request])
+            self.stats.extend_calls += 1
+            self.stats.extend_wall_s += wall
+            self.stats.tokens_generated += len(extension)
+            self._emit(block, "extend", 1, 1, 1, 0, 0, wall, len(extension))
+            state = state.extend(extension)
+            k = 0
+            while k < self.config.steps_per_block:
+                state, done = await self._advance(state, block, k)
+                k += done
+        full = state.token_ids
+        eos = self.config.eos_token_id
+        final = full[: full.index(eos) + 1] if eos is not None and eos in full else full
+        return ChainResult(state.prompt, final, full, state, self.stats, self.transitions)
+
+    async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
+        raise NotImplementedError
+
+    async def _decide(
+        self,
+        state: ChainState,
+        cut: int,
+        proposals: list[ScoredTokens],
+        draws: TransitionDraws,
+        block: int,
+        k: int,
+    ) -> Verdict:
+        """The kernel's decision; tightens interval scores when they cannot settle it."""
+        verdict = self.kernel.evaluate(state, cut, proposals, draws)
+        tightened = False
+        if not verdict.decided:
+            tightened = True
+            self.stats.ambiguous += 1
+            exact_state, exact_proposals = await self._tighten(state, cut, proposals, block)
+            verdict = self.kernel.evaluate(exact_state, cut, exact_proposals, draws)
+            if not verdict.decided:
+                raise AssertionError("exact scores must decide every transition")
+        for proposal in proposals:
+            self.stats.record_drift(self.kernel.normaliser_drift(state, cut, proposal))
+        self.stats.transitions += 1
+        self.stats.accepts += int(verdict.accepted)
+        self.stats.eps_certain += int(verdict.eps_certain)
+        self.transitions.append(
+            TransitionRecord(
+                block,
+                k,
+                cut,
+                verdict.accepted,
+                verdict.selected,
+                verdict.log_accept,
+                verdict.eps_certain,
+                tightened,
+            )
+        )
+        return verdict
+
+    async def _tighten(
+        self, state: ChainState, cut: int, proposals: list[ScoredTokens], block: int
+    ) -> tuple[ChainState, list[ScoredTokens]]:
+        """Exact ``log q`` for the current suffix and every proposal (one scoring call)."""
+        prefix = state.prefix(cut)
+        current = state.response.slice(cut)
+        spec = self.kernel.score_spec
+        requests = [
+            ScoreRequest(prefix, tuple(int(t) for t in s.token_ids), spec)
+            for s in (current, *proposals)
+        ]
+        start = time.perf_counter()
+        exact = await self.engine.score(requests)
+        wall = time.perf_counter() - start
+        self.stats.tighten_calls += 1
+        self.stats.tighten_wall_s += wall
+        self._emit(block, "tighten", len(requests), len(requests), 0, 0, 0, wall, 0)
+        tightened = [
+            s.with_exact_logq(e.logq_lo) for s, e in zip((current, *proposals), exact, strict=True)
+        ]
+        return state.splice(cut, tightened[0]), tightened[1:]
+
+
+class SequentialRunner(_Runner):
+    """The baseline chain: draw, generate, decide; one engine call per transition."""
+
+    async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
+        draws = self.randomness.transition(block, k)
+        cut = self.kernel.cut(state, draws.u_cut)
+        requests = self.kernel.requests(state.prefix(cut), state.length - cut, draws)
+        proposals, wall = await self._generate(requests)
+        tokens = sum(len(p) for p in proposals)
+        self.stats.rounds += 1
+        self.stats.call_wall_s.append(wall)
+        self.stats.requests_issued += 1
+        self.stats.requests_used += 1
+        self.stats.sequences_issued += len(requests)
+        self.stats.tokens_generated += tokens
+        verdict = await self._decide(state, cut, proposals, draws, block, k)
+        self._emit(block, "propose", 1, len(requests), 1, 1, int(verdict.accepted), wall, tokens)
+        if verdict.accepted:
+            state = self.kernel.accept(state, cut, proposals, verdict)
+        return state, 1
+
+
+class PrestoRunner(_Runner):
+    """PreSTO: one batched call per round, then a walk along the realised path."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sampler: SamplerConfig,
+        seed: int,
+        on_round: RoundCallback | None,
+        *,
+        traversal: str,
+        n_pf: int,
+        predictor: CertaintyPredictor | None = None,
+    ) -> None:
+        super().__init__(engine, sampler, seed, on_round)
+        if traversal not in TRAVERSAL_RULES:
+            raise ValueError(
+                f"unknown traversal {traversal!r}; valid traversals are {sorted(TRAVERSAL_RULES)}"
+            )
+        if n_pf < 1:
+            raise ValueError("n_pf must be >= 1")
+        self.rule = TRAVERSAL_RULES[traversal]
+        self.n_pf = n_pf
+        self.predictor = predictor
+
+    async def _advance(self, root: ChainState, block: int, k: int) -> tuple[ChainState, int]:
+        ctx = PlanContext(
+            self.kernel,
+            self.randomness,
+            root,
+            block,
+            k,
+            self.config.steps_per_block - k,
+            self.predictor,
+        )
+        plan = self.rule(ctx, self.n_pf)
+        requests = plan.requests()
+        results, wall = await self._generate(requests)
+        plan.attach(results)
+        tokens = sum(len(r) for r in results)
+        self.stats.rounds += 1
+        self.stats.call_wall_s.append(wall)
+        self.stats.requests_issued += len(plan.proposals)
+        self.stats.sequences_issued += len(requests)
+        self.stats.tokens_generated += tokens
+
+        # The walk: every decision against the state realised at that node.
+        state, held, path = root, root.length, ()
+        done = accepts = 0
+        while k + done < self.config.steps_per_block:
+            planned = plan.lookup(path)
+            if planned is None or planned.cut > held:
+                break  # no usable proposal here: this node roots the next round
+            if self.kernel.state_dependent_cut and (
+                self.kernel.cut(state, planned.draws.u_cut) != planned.cut
+            ):
+                break  # the cut was speculated under the root's law and this state disagrees
+            verdict = await self._decide(
+                state, planned.cut, planned.results, planned.draws, block, k + done
+            )
+            done += 1
+            if verdict.accepted:
+                accepts += 1
+                state = self.kernel.accept(state, planned.cut, planned.results, verdict)
+                held = planned.cut
+            path = (*path, verdict.accepted)
+        self.stats.requests_used += done
+        self._emit(
+            block, "propose", len(plan.proposals), len(requests), done, done, accepts, wall, tokens
+        )
+        return state, done
+
+
+async def run_chain(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    sampler: SamplerConfig,
+    *,
+    traversal: str = "crn",
+    n_pf: int = 8,
+    seed: int = 0,
+    on_round: RoundCallback | None = None,
+    predictor: CertaintyPredictor | None = None,
+) -> ChainResult:
+    """Run one chain: ``traversal="sequential"`` is the baseline, the others are PreSTO."""
+    if traversal not in TRAVERSALS:
+        raise ValueError(f"unknown traversal {traversal!r}; valid traversals are {TRAVERSALS}")
+    runner: _Runner
+    if traversal == "sequential":
+        runner = SequentialRunner(engine, sampler, seed, on_round)
+    else:
+        runner = PrestoRunner(
+            engine, sampler, seed, on_round, traversal=traversal, n_pf=n_pf, predictor=predictor
+        )
+    return await runner.run(prompt_ids)
