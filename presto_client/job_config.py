@@ -1,0 +1,717 @@
+"""The job configuration: a YAML file validated by pydantic, turned into plain objects.
+
+A job is: one or more **engines** (servers to talk to, or the in-process reference model, or the
+embedded CPU server), a list of **prompts**, one **sampler** with one or more **traversals**
+(each engine × traversal is an *arm*), ``chains_per_prompt`` chains per prompt and arm, a root
+``seed`` and an ``output_dir``.
+
+:func:`load_job_config` reads the YAML with ``yaml.safe_load``, applies ``--set key=value``
+overrides (dotted paths, ``engines[1].base_url`` or ``engines.1.base_url``) and validates. Every
+error is a :class:`~presto_client.errors.ConfigError` that names the file, the field path and
+the fix. Secrets never enter a config: an engine names the *environment variable* holding its
+API key (``api_key_env``), and :func:`redacted_dump` strips credentials from URLs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from presto_client.errors import ConfigError
+from presto_client.sampler_config import SAMPLERS, TRAVERSALS, SamplerConfig
+
+HTTP_KINDS: tuple[str, ...] = ("vllm", "sglang", "openai")
+ENGINE_KINDS: tuple[str, ...] = (*HTTP_KINDS, "embedded", "reference")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Engines
+# --------------------------------------------------------------------------------------------
+
+
+class _EngineCommon(_Strict):
+    name: str | None = Field(
+        None,
+        description="Display name of the engine, used in arm ids and tables; unique per job. "
+        "Default: the kind (with an index if the kind appears twice).",
+    )
+    max_concurrency: int = Field(
+        32, ge=1, description="Most requests in flight to this engine (all replicas together)."
+    )
+    eos_token_id: int | None = Field(
+        None,
+        description="Token id at which final responses are truncated; null: no truncation "
+        "(the embedded engine knows its own).",
+    )
+
+
+class HttpEngineConfig(_EngineCommon):
+    """A running vLLM / SGLang / OpenAI-compatible server (one or several replicas)."""
+
+    kind: Literal["vllm", "sglang", "openai"] = Field(
+        description="Serving dialect: 'vllm' (/v1/completions), 'sglang' (native /generate) or "
+        "'openai' (any OpenAI-compatible completions server)."
+    )
+    base_url: str | None = Field(
+        None, description="URL of the server, e.g. http://localhost:8000 (or use base_urls)."
+    )
+    base_urls: list[str] | None = Field(
+        None,
+        description="Several data-parallel replicas (or routers); a chain sticks to one of them "
+        "so that the replica's prefix cache serves it.",
+    )
+    model: str | None = Field(
+        None, description="Served model name; null: discovered from the server (/v1/models)."
+    )
+    logprob_mode: str = Field(
+        "auto",
+        description="What the server's logprobs mean. vllm: 'raw' | 'processed'; sglang: "
+        "'scaled' | 'raw'; openai: 'raw'; 'auto': the dialect's default.",
+    )
+    top_k: int = Field(20, ge=1, description="Top-K raw logprobs requested per token.")
+    request_timeout_s: float = Field(300.0, gt=0, description="Timeout of one request, seconds.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Connect timeout, seconds.")
+    max_retries: int = Field(
+        3, ge=0, description="Retries of a request on connection errors, 408/429/5xx."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Name of the environment variable holding the API key (the key itself is "
+        "never written in a config or a run directory).",
+    )
+    vocab_size: int | None = Field(
+        None, ge=2, description="Vocabulary size; needed only for temperatures above 1."
+    )
+    probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> HttpEngineConfig:
+        if self.base_url and self.base_urls:
+            raise ValueError("give base_url or base_urls, not both")
+        if not self.base_url and not self.base_urls:
+            raise ValueError(
+                "base_url is required: the server's URL, e.g. base_url: http://localhost:8000"
+            )
+        for url in self.urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(f"{url!r} is not an http(s) URL, e.g. http://localhost:8000")
+        return self
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        if self.base_urls:
+            return tuple(self.base_urls)
+        return (self.base_url,) if self.base_url else ()
+
+
+class EmbeddedEngineConfig(_EngineCommon):
+    """The embedded CPU server (SmolLM2-135M, vLLM dialect on loopback), started by presto."""
+
+    kind: Literal["embedded"] = Field(description="The embedded CPU engine ('embedded').")
+    port: int | None = Field(None, ge=1, le=65535, description="Port; null: a free one.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Model dtype; float32 keeps scores batch-invariant."
+    )
+    startup_timeout_s: float = Field(600.0, gt=0, description="How long to wait for start-up.")
+    top_k: int = Field(20, ge=1, description="Top-K raw logprobs requested per token.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Timeout of one request, seconds.")
+    probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
+
+
+class ReferenceEngineConfig(_EngineCommon):
+    """The exact in-process reference model: no server, runs in seconds (tests, demos)."""
+
+    kind: Literal["reference"] = Field(description="The in-process reference model.")
+    vocab_size: int = Field(8, ge=2, description="Vocabulary size of the toy model.")
+    model_seed: int = Field(0, ge=0, description="Seed of the toy model's logits.")
+    logit_scale: float = Field(1.5, gt=0, description="Spread of the toy model's logits.")
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Return only top-K raw logprobs (certified intervals, like an HTTP engine); "
+        "null: exact scores.",
+    )
+    latency_s: float = Field(
+        0.0, ge=0, description="Simulated latency of every request, seconds (for demos)."
+    )
+    token_latency_s: float = Field(
+        0.0, ge=0, description="Simulated time per generated token of a request, seconds."
+    )
+
+
+EngineConfig = Annotated[
+    Union[HttpEngineConfig, EmbeddedEngineConfig, ReferenceEngineConfig],  # noqa: UP007
+    Field(discriminator="kind"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------
+
+
+class PromptsConfig(_Strict):
+    """Where the prompts come from: exactly one of ``texts``, ``token_ids`` or ``file``."""
+
+    texts: list[str] | None = Field(None, description="Inline prompts (text).")
+    token_ids: list[list[int]] | None = Field(
+        None, description="Inline prompts as token ids (the reference engine needs these)."
+    )
+    file: Path | None = Field(
+        None, description="A JSONL file, one prompt per line (relative to the config file)."
+    )
+    field: str = Field("prompt", description="The JSONL field holding the prompt text.")
+    limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
+    chat_template: bool = Field(
+        False,
+        description="Wrap each prompt as a user message and apply the model's chat template "
+        "(via the engine's /tokenize with messages).",
+    )
+    system_prompt: str | None = Field(
+        None, description="Optional system message (only with chat_template: true)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        # `prompts: ["a", "b"]` or `prompts: [[1, 2], [3]]`
+        if isinstance(data, list):
+            if data and all(isinstance(p, list) for p in data):
+                return {"token_ids": data}
+            return {"texts": data}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PromptsConfig:
+        given = [k for k in ("texts", "token_ids", "file") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of texts, token_ids or file "
+                f"(got {', '.join(given) if given else 'none'})"
+            )
+        if self.texts is not None and not self.texts:
+            raise ValueError("texts is empty: list at least one prompt")
+        if self.token_ids is not None and (
+            not self.token_ids or any(not p for p in self.token_ids)
+        ):
+            raise ValueError("token_ids must be a non-empty list of non-empty lists of ints")
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("system_prompt needs chat_template: true")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt: its text (to be tokenized by the engine) or its token ids."""
+
+    index: int
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Sampler
+# --------------------------------------------------------------------------------------------
+
+
+class SamplerSettings(_Strict):
+    """The sampler every arm runs, and the traversals (baseline and PreSTO rules) to run it with."""
+
+    sampler: Literal["power_mh", "entropy_cut", "multi_try_mh"] = Field(
+        "power_mh", description=f"Which power sampler: one of {', '.join(SAMPLERS)}."
+    )
+    alpha: float = Field(4.0, gt=0, description="Sharpening exponent α of the target p0^α.")
+    tau: float | None = Field(
+        None, gt=0, description="Proposal temperature τ; null: 1/α (the paper's setting)."
+    )
+    block_size: int = Field(16, ge=1, description="Tokens per block B.")
+    num_blocks: int = Field(1, ge=1, description="Blocks per response (length = B × blocks).")
+    steps_per_block: int = Field(
+        8, ge=0, description="K: Metropolis–Hastings transitions after each block's extension."
+    )
+    traversals: list[Literal["sequential", "bfs", "predictive", "crn"]] = Field(
+        default_factory=lambda: ["crn"],
+        min_length=1,
+        description=f"Traversal rules to run, one arm each: {', '.join(TRAVERSALS)}. "
+        "'sequential' is the PowerMH baseline; speedups are measured against it.",
+    )
+    n_pf: int = Field(8, ge=1, description="N_pf: proposal requests prefetched per round.")
+    epsilon: float = Field(
+        0.01, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
+    )
+    beta: float = Field(4.0, gt=0, description="EntropyCut: exponent of the cut law.")
+    k_try: int = Field(4, ge=1, description="MultiTryMH: candidate suffixes per transition.")
+    temperatures: list[float] = Field(
+        default_factory=lambda: [0.25, 0.5, 1.0],
+        min_length=1,
+        description="MultiTryMH: temperatures a candidate may be drawn at.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _singular_traversal(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "traversal" in data:
+            data = dict(data)
+            if "traversals" in data:
+                raise ValueError("give traversal or traversals, not both")
+            data["traversals"] = data.pop("traversal")
+        if isinstance(data, dict) and isinstance(data.get("traversals"), str):
+            data = {**data, "traversals": [data["traversals"]]}
+        return data
+
+    @field_validator("traversals")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"traversals repeat a rule: {v}")
+        return v
+
+    @field_validator("temperatures")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if any(t <= 0 for t in v):
+            raise ValueError("temperatures must all be > 0")
+        return v
+
+    def to_sampler_config(self, eos_token_id: int | None = None) -> SamplerConfig:
+        """The plain :class:`SamplerConfig` the core runs (one per engine: EOS differs)."""
+        return SamplerConfig(
+            sampler=self.sampler,
+            alpha=self.alpha,
+            tau=self.tau,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            steps_per_block=self.steps_per_block,
+            beta=self.beta,
+            k_try=self.k_try,
+            temperatures=tuple(self.temperatures),
+            epsilon=self.epsilon,
+            eos_token_id=eos_token_id,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The job
+# --------------------------------------------------------------------------------------------
+
+
+class JobConfig(_Strict):
+    """A batch job: engines × traversals (arms), prompts × chains per prompt, one root seed."""
+
+    name: str | None = Field(None, description="Name of the job (default: the config file name).")
+    engines: list[EngineConfig] = Field(
+        default_factory=list,
+        description="Engines to run on; each engine × traversal is one arm. Empty: the "
+        "embedded CPU engine.",
+    )
+    prompts: PromptsConfig = Field(description="The prompts (inline texts/token ids, or a file).")
+    sampler: SamplerSettings = Field(
+        default_factory=SamplerSettings, description="The sampler and its traversals."
+    )
+    chains_per_prompt: int = Field(1, ge=1, description="Independent chains per prompt and arm.")
+    seed: int = Field(
+        0, ge=0, description="Root seed; split per (prompt, chain) with numpy SeedSequence."
+    )
+    output_dir: Path | None = Field(
+        None, description="Run directory (default: runs/<job name>); rerunning resumes it."
+    )
+    max_concurrency: int = Field(
+        64, ge=1, description="Most requests in flight over all engines together."
+    )
+    max_active_chains: int | None = Field(
+        None,
+        ge=1,
+        description="Most chains running at once (null: enough to keep max_concurrency busy).",
+    )
+    max_failed_chains: int | None = Field(
+        None,
+        ge=0,
+        description="Failure budget: the job stops when more chains than this have failed "
+        "(null: 10% of the chains, at least 1).",
+    )
+
+    @model_validator(mode="after")
+    def _engines(self) -> JobConfig:
+        if not self.engines:
+            self.engines = [EmbeddedEngineConfig(kind="embedded")]
+        counts: dict[str, int] = {}
+        for e in self.engines:
+            counts[e.kind] = counts.get(e.kind, 0) + 1
+        seen: dict[str, int] = {}
+        for i, e in enumerate(self.engines):
+            if e.name is None:
+                n = seen.get(e.kind, 0)
+                seen[e.kind] = n + 1
+                e.name = e.kind if counts[e.kind] == 1 else f"{e.kind}{n}"
+            if not e.name or any(c in e.name for c in "/\\ \t\n,"):
+                raise ValueError(
+                    f"engines[{i}].name {e.name!r} must be non-empty without '/', ',' or spaces"
+                )
+        names = [e.name for e in self.engines]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"engine names must be unique; repeated: {', '.join(map(str, dup))}")
+        if self.prompts.token_ids is None:
+            for i, e in enumerate(self.engines):
+                if e.kind == "reference":
+                    raise ValueError(
+                        f"engines[{i}] (reference) takes token-id prompts: "
+                        "give prompts.token_ids instead of texts/file"
+                    )
+        return self
+
+    def engine_names(self) -> list[str]:
+        return [str(e.name) for e in self.engines]
+
+    def failure_budget(self, num_chains: int) -> int:
+        if self.max_failed_chains is not None:
+            return self.max_failed_chains
+        return max(1, num_chains // 10)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading, overrides, errors
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_path(path: str) -> list[str | int]:
+    """``engines[1].base_url`` / ``engines.1.base_url`` → ``["engines", 1, "base_url"]``."""
+    out: list[str | int] = []
+    for part in path.replace("[", ".").replace("]", "").split("."):
+        if part == "":
+            raise ValueError("empty path component")
+        out.append(int(part) if part.lstrip("-").isdigit() else part)
+    return out
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one ``key.path=value`` override in place (the value is parsed as YAML)."""
+    if "=" not in override:
+        raise ConfigError(
+            f"bad override {override!r}: expected KEY=VALUE, e.g. --set sampler.alpha=4"
+        )
+    key, _, raw = override.partition("=")
+    key = key.strip()
+    try:
+        path = _parse_path(key)
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"bad override {override!r}: {exc}; expected KEY=VALUE, e.g. --set sampler.alpha=4"
+        ) from None
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        where = format_loc(path[: i + 1])
+        if isinstance(part, int):
+            if not isinstance(node, list) or not -len(node) <= part < len(node):
+                size = len(node) if isinstance(node, list) else 0
+                raise ConfigError(
+                    f"bad override {override!r}: {where} does not exist "
+                    f"(the config lists {size} item(s) there)"
+                )
+            node = node[part]
+        else:
+            if not isinstance(node, dict):
+                raise ConfigError(f"bad override {override!r}: {where} is not a mapping")
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = {}
+                node[part] = nxt
+            node = nxt
+    last = path[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or not -len(node) <= last < len(node):
+            raise ConfigError(f"bad override {override!r}: {format_loc(path)} does not exist")
+        node[last] = value
+    else:
+        if not isinstance(node, dict):
+            raise ConfigError(
+                f"bad override {override!r}: {format_loc(path[:-1])} is not a mapping"
+            )
+        node[last] = value
+
+
+def format_loc(loc: Sequence[str | int]) -> str:
+    """``("engines", 1, "base_url")`` → ``engines[1].base_url``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _unwrap(tp: Any) -> list[Any]:
+    """The model classes an annotation can hold (through Optional/list/Annotated/Union)."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(tp)[0])
+    if origin in (Union, types.UnionType, list, tuple, dict):
+        return [m for a in typing.get_args(tp) for m in _unwrap(a)]
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    return []
+
+
+def _models_at(loc: Sequence[str | int]) -> list[type[BaseModel]]:
+    """The model class(es) owning the last component of ``loc`` (union tags followed)."""
+    models: list[type[BaseModel]] = [JobConfig]
+    parts = list(loc)
+    for part in parts[:-1]:
+        if isinstance(part, int):
+            continue
+        if len(models) > 1:
+            tagged = [m for m in models if part in _kinds_of(m)]
+            if tagged:
+                models = tagged
+                continue
+        nxt: list[type[BaseModel]] = []
+        for m in models:
+            f = m.model_fields.get(part)
+            if f is not None:
+                nxt.extend(_unwrap(f.annotation))
+        if not nxt:
+            break
+        models = nxt
+    return models
+
+
+def _kinds_of(model: type[BaseModel]) -> tuple[str, ...]:
+    f = model.model_fields.get("kind")
+    return () if f is None else tuple(str(a) for a in typing.get_args(f.annotation))
+
+
+def _clean_loc(loc: Sequence[str | int]) -> list[str | int]:
+    out: list[str | int] = []
+    for i, part in enumerate(loc):
+        # pydantic puts the union tag after the list index: engines.1.vllm.base_url
+        if (
+            isinstance(part, str)
+            and part in ENGINE_KINDS
+            and i >= 2
+            and isinstance(loc[i - 1], int)
+            and loc[i - 2] == "engines"
+        ):
+            continue
+        out.append(part)
+    return out
+
+
+def _field_names(models: list[type[BaseModel]]) -> list[str]:
+    names: list[str] = []
+    for m in models:
+        for n in m.model_fields:
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _describe(models: list[type[BaseModel]], field: str) -> str | None:
+    for m in models:
+        f = m.model_fields.get(field)
+        if f is not None and f.description:
+            return f.description
+    return None
+
+
+def _format_error(err: Any, overridden: dict[str, str]) -> str:
+    loc = _clean_loc(err["loc"])
+    models = _models_at(list(err["loc"]))
+    path = format_loc(loc)
+    etype = err["type"]
+    msg = str(err["msg"])
+    last = loc[-1] if loc else None
+    hint = ""
+    if etype == "extra_forbidden" and isinstance(last, str):
+        valid = _field_names(models)
+        close = difflib.get_close_matches(last, valid, n=1)
+        msg = f"unknown field {last!r}"
+        hint = (f"did you mean {close[0]!r}? " if close else "") + (
+            f"valid fields here: {', '.join(valid)}" if valid else "remove it"
+        )
+    elif etype == "missing" and isinstance(last, str):
+        msg = "required field missing"
+        desc = _describe(models, last)
+        hint = f"add {last}: ..." + (f" ({desc})" if desc else "")
+    elif etype == "union_tag_invalid" or etype == "union_tag_not_found":
+        msg = f"unknown engine kind {err.get('input', {}).get('kind')!r}"
+        if etype == "union_tag_not_found":
+            msg = "engine has no kind"
+        hint = f"set kind to one of: {', '.join(ENGINE_KINDS)}"
+    else:
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        desc = _describe(models, last) if isinstance(last, str) else None
+        inp = err.get("input")
+        if not isinstance(inp, dict) and etype != "value_error":
+            msg += f" (got {inp!r})"
+        if desc:
+            hint = desc
+    for key, text in overridden.items():
+        if path == key or path.startswith(key + ".") or path.startswith(key + "["):
+            msg += f" [from --set {text}]"
+            break
+    return f"  {path}: {msg}" + (f"\n      fix: {hint}" if hint else "")
+
+
+def validate_job_config(
+    data: Any, *, source: str = "<config>", overridden: dict[str, str] | None = None
+) -> JobConfig:
+    """Validate a parsed config mapping; errors become one :class:`ConfigError`."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: a job config must be a YAML mapping (engines:, prompts:, sampler:, ...), "
+            f"got {type(data).__name__}"
+        )
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_format_error(e, overridden or {}) for e in exc.errors()]
+        raise ConfigError(
+            f"{source}: invalid job config ({len(lines)} problem(s)):\n" + "\n".join(lines)
+        ) from None
+
+
+def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> JobConfig:
+    """Read, override and validate a job config file.
+
+    Relative ``prompts.file`` paths are resolved against the config file's folder; a missing
+    ``output_dir`` becomes ``runs/<name>``.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{p}{where}: not valid YAML: {problem}") from None
+    if data is None:
+        data = {}
+    overridden: dict[str, str] = {}
+    if isinstance(data, dict):
+        for ov in overrides:
+            apply_override(data, ov)
+            key = ov.partition("=")[0].strip()
+            overridden[format_loc(_parse_path(key))] = ov
+    cfg = validate_job_config(data, source=str(p), overridden=overridden)
+    if cfg.name is None:
+        cfg.name = p.stem
+    if cfg.prompts.file is not None and not cfg.prompts.file.is_absolute():
+        cfg.prompts.file = (p.parent / cfg.prompts.file).resolve()
+    if cfg.output_dir is None:
+        cfg.output_dir = Path("runs") / cfg.name
+    return cfg
+
+
+def load_prompts(cfg: JobConfig) -> list[Prompt]:
+    """The job's prompts, in order (a JSONL file is read here; errors name file and line)."""
+    pc = cfg.prompts
+    prompts: list[Prompt] = []
+    if pc.token_ids is not None:
+        prompts = [Prompt(i, token_ids=tuple(ids)) for i, ids in enumerate(pc.token_ids)]
+    elif pc.texts is not None:
+        prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
+    elif pc.file is not None:
+        try:
+            lines = pc.file.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(
+                f"prompts.file: cannot read {pc.file}: {exc.strerror}; fix the path (relative "
+                "paths are relative to the config file)"
+            ) from None
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{pc.file}:{lineno}: not valid JSON: {exc.msg}") from None
+            if not isinstance(row, dict) or pc.field not in row:
+                keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+                raise ConfigError(
+                    f"{pc.file}:{lineno}: no field {pc.field!r} (has: {keys}); set "
+                    "prompts.field to the field holding the prompt text"
+                )
+            value = row[pc.field]
+            if isinstance(value, list) and all(isinstance(t, int) for t in value):
+                prompts.append(Prompt(len(prompts), token_ids=tuple(value)))
+            elif isinstance(value, str):
+                prompts.append(Prompt(len(prompts), text=value))
+            else:
+                raise ConfigError(
+                    f"{pc.file}:{lineno}: field {pc.field!r} must be text or a list of token ids"
+                )
+        if not prompts:
+            raise ConfigError(f"{pc.file}: no prompts in the file")
+    if pc.limit is not None:
+        prompts = prompts[: pc.limit]
+    if any(p.text is not None for p in prompts):
+        for i, e in enumerate(cfg.engines):
+            if e.kind == "reference":
+                raise ConfigError(
+                    f"engines[{i}] (reference) takes token-id prompts, but {pc.file} holds text"
+                )
+    return prompts
+
+
+_SECRET_WORDS = ("api_key", "password", "secret", "token")
+
+
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, "***@" + host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+def _redact(node: Any, key: str = "") -> Any:
+    if isinstance(node, dict):
+        return {k: _redact(v, str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_redact(v, key) for v in node]
+    if isinstance(node, str):
+        lowered = key.lower()
+        if key != "api_key_env" and key != "token_ids" and any(w in lowered for w in _SECRET_WORDS):
+            return "***"
+        if "://" in node:
+            return _redact_url(node)
+    return node
+
+
+def redacted_dump(cfg: JobConfig) -> dict[str, Any]:
+    """The resolved config as plain data with secrets removed (credentials in URLs)."""
+    return typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))

@@ -1,0 +1,397 @@
+"""The orchestrator: many chains over many engines, with bounded in-flight requests.
+
+Chains run as asyncio tasks pulled in plan order from one queue by at most
+``max_active_chains`` workers: each chain's rounds are sequential, all chains are interleaved.
+Every engine call goes through a :class:`LimitedEngine`, one chain's view of an engine that
+splits a batch into per-request calls, each holding a slot of its engine's semaphore and of the
+global one (first-come first-served :class:`FifoSemaphore`, so no chain starves). There are never
+more requests in flight than configured, per engine or in all.
+
+A chain sticks to one replica of its engine (a stable hash of its replica key), so that the
+replica's prefix cache serves it. A chain whose engine call fails is recorded as failed (with the
+error) and the others go on; when more chains than the failure budget have failed, the job stops
+with :class:`JobFailedError`. Cancellation (Ctrl-C) stops every chain, lets the sinks keep what
+finished, and is re-raised: it is never swallowed.
+
+This layer knows no serving dialect: it sees engines only through
+:class:`~presto_client.engine.Engine`. What to persist is up to the :class:`ChainSink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.errors import PrestoError
+from presto_client.runners import ChainResult, run_chain
+from presto_client.sampler_config import SamplerConfig
+from presto_client.stats import RoundRecord
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class JobFailedError(PrestoError):
+    """More chains failed than the failure budget allows; the job was stopped."""
+
+
+# --------------------------------------------------------------------------------------------
+# Concurrency bounds
+# --------------------------------------------------------------------------------------------
+
+
+class FifoSemaphore:
+    """A semaphore that hands slots to waiters strictly in arrival order.
+
+    A released slot goes straight to the oldest waiter, so a task that keeps re-acquiring cannot
+    overtake one that has been waiting (asyncio's own semaphore gives no such guarantee across
+    Python versions). Cancellation while waiting never leaks a slot.
+    """
+
+    def __init__(self, value: int) -> None:
+        if value < 1:
+            raise ValueError("a semaphore needs at least one slot")
+        self.capacity = value
+        self._free = value
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def in_use(self) -> int:
+        return self.capacity - self._free
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.done())
+
+    async def acquire(self) -> None:
+        if self._free > 0 and not self.waiting:
+            self._free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # the slot was handed over just as we were cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # hand the slot over directly
+                return
+        if self._free >= self.capacity:
+            raise RuntimeError("FifoSemaphore released more often than acquired")
+        self._free += 1
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+async def gather_or_fail(aws: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run coroutines concurrently; results in order. The first failure cancels the rest and is
+    raised as itself (not wrapped); cancellation of the caller cancels all and is re-raised."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return []
+    try:
+        _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if pending:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    # The earliest request (in order) that failed is the error we report.
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            exc = t.exception()
+            assert exc is not None
+            raise exc
+    return [t.result() for t in tasks]
+
+
+class Limits:
+    """The global bound and one bound per engine name."""
+
+    def __init__(self, max_concurrency: int, per_engine: Mapping[str, int]) -> None:
+        self.global_slots = FifoSemaphore(max_concurrency)
+        self.engine_slots = {name: FifoSemaphore(n) for name, n in per_engine.items()}
+
+    def for_engine(self, name: str) -> FifoSemaphore:
+        return self.engine_slots[name]
+
+
+class LimitedEngine:
+    """One chain's view of an engine: every request of a batch is its own call under the bounds.
+
+    The engine slot is taken before the global one (so a request waiting for a busy engine
+    holds no global slot). ``queue_s`` adds up, per batch, how long its last request waited for
+    its slots: time spent queueing rather than being served.
+    """
+
+    def __init__(self, inner: Engine, engine_slots: FifoSemaphore, global_slots: FifoSemaphore):
+        self.inner = inner
+        self.name = inner.name
+        self._engine_slots = engine_slots
+        self._global_slots = global_slots
+        self.queue_s = 0.0
+        self.requests = 0
+
+    async def _slotted(self, call: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+        start = time.perf_counter()
+        async with self._engine_slots, self._global_slots:
+            waited = time.perf_counter() - start
+            self.requests += 1
+            return await call(), waited
+
+    async def _split(
+        self,
+        fn: Callable[[Sequence[Any]], Awaitable[list[ScoredTokens]]],
+        requests: Sequence[Any],
+    ) -> list[ScoredTokens]:
+        async def one(request: Any) -> tuple[ScoredTokens, float]:
+            async def call() -> ScoredTokens:
+                out = await fn([request])
+                if len(out) != 1:
+                    raise PrestoError(
+                        f"[{self.name}] engine returned {len(out)} results for one request"
+                    )
+                return out[0]
+
+            return await self._slotted(call)
+
+        results = await gather_or_fail([one(r) for r in requests])
+        if results:
+            self.queue_s += max(w for _, w in results)
+        return [r for r, _ in results]
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        return await self._split(self.inner.generate, requests)
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+        return await self._split(self.inner.score, requests)
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        async with self._engine_slots, self._global_slots:
+            self.requests += 1
+            iterator = self.inner.stream(request)
+            try:
+                async for part in iterator:
+                    yield part
+            finally:
+                aclose = getattr(iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+    async def aclose(self) -> None:
+        """A view owns nothing: the engine itself is closed by whoever opened it."""
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Chains
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePool:
+    """An engine (one or more replicas) and its bound on in-flight requests."""
+
+    name: str
+    replicas: Sequence[Engine]
+    max_concurrency: int = 32
+
+    def replica_for(self, key: str) -> int:
+        """A stable replica index for ``key`` (the same in every process and session)."""
+        return zlib.crc32(key.encode()) % len(self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainSpec:
+    """One chain to run: where, what, with which seed."""
+
+    chain_id: str
+    arm: str
+    engine: str
+    traversal: str
+    sampler: SamplerConfig
+    prompt_index: int
+    chain_index: int
+    seed: int
+    prompt_ids: tuple[int, ...]
+    n_pf: int = 8
+    replica_key: str = ""
+    """Chains with the same key use the same replica (default: the chain id)."""
+
+
+@dataclass(slots=True)
+class ChainOutcome:
+    spec: ChainSpec
+    replica: int
+    result: ChainResult | None = None
+    error: str | None = None
+    wall_s: float = 0.0
+    queue_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.result is not None
+
+
+class ChainSink(Protocol):
+    """Where the orchestrator reports work as it completes (run directory, progress bar)."""
+
+    def chain_started(self, spec: ChainSpec, replica: int) -> None: ...
+
+    def round_done(self, spec: ChainSpec, record: RoundRecord, queue_s: float) -> None: ...
+
+    def chain_done(self, outcome: ChainOutcome) -> None: ...
+
+
+ChainRunner = Callable[..., Awaitable[ChainResult]]
+"""``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, n_pf, seed, on_round)."""
+
+
+@dataclass(slots=True)
+class OrchestratorResult:
+    completed: list[ChainOutcome] = field(default_factory=list)
+    failed: list[ChainOutcome] = field(default_factory=list)
+
+
+def _describe_error(exc: BaseException) -> str:
+    text = str(exc) or repr(exc)
+    return text if isinstance(exc, PrestoError) else f"{type(exc).__name__}: {text}"
+
+
+class Orchestrator:
+    """Runs chains concurrently under the bounds, reporting to sinks as work completes."""
+
+    def __init__(
+        self,
+        pools: Mapping[str, EnginePool],
+        *,
+        max_concurrency: int = 64,
+        max_active_chains: int | None = None,
+        max_failed_chains: int = 0,
+        sinks: Sequence[ChainSink] = (),
+        runner: ChainRunner = run_chain,
+    ) -> None:
+        if not pools:
+            raise ValueError("the orchestrator needs at least one engine")
+        self.pools = dict(pools)
+        self.limits = Limits(max_concurrency, {n: p.max_concurrency for n, p in pools.items()})
+        self.max_concurrency = max_concurrency
+        self.max_active_chains = max_active_chains
+        self.max_failed_chains = max_failed_chains
+        self.sinks = list(sinks)
+        self.runner = runner
+        self.result = OrchestratorResult()
+
+    async def _run_one(self, spec: ChainSpec) -> ChainOutcome:
+        pool = self.pools[spec.engine]
+        replica = pool.replica_for(spec.replica_key or spec.chain_id)
+        view = LimitedEngine(
+            pool.replicas[replica], self.limits.for_engine(spec.engine), self.limits.global_slots
+        )
+        outcome = ChainOutcome(spec, replica)
+        for sink in self.sinks:
+            sink.chain_started(spec, replica)
+        last_queue = 0.0
+
+        def on_round(record: RoundRecord) -> None:
+            nonlocal last_queue
+            queued, last_queue = view.queue_s - last_queue, view.queue_s
+            for sink in self.sinks:
+                sink.round_done(spec, record, queued)
+
+        start = time.perf_counter()
+        try:
+            outcome.result = await self.runner(
+                view,
+                spec.prompt_ids,
+                spec.sampler,
+                traversal=spec.traversal,
+                n_pf=spec.n_pf,
+                seed=spec.seed,
+                on_round=on_round,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            outcome.error = _describe_error(exc)
+            logger.warning("chain %s failed: %s", spec.chain_id, outcome.error)
+            logger.debug("chain %s traceback", spec.chain_id, exc_info=True)
+        outcome.wall_s = time.perf_counter() - start
+        outcome.queue_s = view.queue_s
+        return outcome
+
+    async def _worker(self, queue: deque[ChainSpec]) -> None:
+        while queue:
+            spec = queue.popleft()
+            outcome = await self._run_one(spec)
+            for sink in self.sinks:
+                sink.chain_done(outcome)
+            if outcome.ok:
+                self.result.completed.append(outcome)
+                continue
+            self.result.failed.append(outcome)
+            if len(self.result.failed) > self.max_failed_chains:
+                raise JobFailedError(
+                    f"{len(self.result.failed)} chain(s) failed, more than the failure budget "
+                    f"of {self.max_failed_chains} (max_failed_chains); the job was stopped. "
+                    f"Last error ({spec.chain_id}): {outcome.error}"
+                )
+
+    async def run(self, chains: Sequence[ChainSpec]) -> OrchestratorResult:
+        """Run ``chains`` (in order of start); returns what completed and what failed.
+
+        Raises :class:`JobFailedError` when the failure budget is exceeded (other chains are
+        cancelled first) and re-raises cancellation after cancelling every chain.
+        """
+        for spec in chains:
+            if spec.engine not in self.pools:
+                raise ValueError(f"chain {spec.chain_id} names unknown engine {spec.engine!r}")
+        queue = deque(chains)
+        active = self.max_active_chains or self.max_concurrency
+        workers = [
+            asyncio.create_task(self._worker(queue), name=f"presto-worker-{i}")
+            for i in range(max(1, min(active, len(chains))))
+        ]
+        if not workers:
+            return self.result
+        try:
+            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
+        errors = [w.exception() for w in done if not w.cancelled() and w.exception()]
+        if errors:
+            queue.clear()
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise errors[0]  # type: ignore[misc]
+        return self.result

@@ -1,0 +1,301 @@
+"""The run directory: everything a job leaves on disk, readable without the code.
+
+    <output_dir>/
+      config.resolved.yaml   the validated config, defaults filled in, secrets redacted
+      run.json               what identifies the work (fingerprint), sessions, every chain's seed
+      records.jsonl          one line per engine call of a chain (a round), appended and flushed
+      samples.jsonl          one line per finished chain (ok or failed, with the error)
+      metrics.jsonl          per session and engine: prefix-cache counters before/after
+      summary.json, summary.csv   per arm, written atomically (tmp + os.replace)
+      plots/*.png            written by ``presto report`` from the files above
+
+Resume: opening an existing directory keeps the chains that finished ok (the last sample line
+of a chain wins; a truncated last line is tolerated), drops the records and samples of every
+other chain (unfinished or failed: they restart from their seed) by rewriting both files
+atomically, and refuses a directory whose fingerprint (the work-defining part of the config)
+differs from the job's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from presto_client.errors import ConfigError, PrestoError
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.resolved.yaml"
+RUN_FILE = "run.json"
+RECORDS_FILE = "records.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_JSON = "summary.json"
+SUMMARY_CSV = "summary.csv"
+FORMAT_VERSION = 1
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8", newline="") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file; a truncated or corrupt line is skipped with a warning."""
+    if not path.exists():
+        return []
+    rows: list[dict[str, Any]] = []
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().split("\n")
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            last = lineno >= len(lines) - 1
+            logger.warning(
+                "%s:%d: skipping %s line", path, lineno, "a truncated last" if last else "a corrupt"
+            )
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _dumps(row: Mapping[str, Any]) -> str:
+    return json.dumps(row, separators=(",", ":"), allow_nan=False, default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+def latest_by_chain(samples: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The last sample line of every chain id."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in samples:
+        cid = row.get("chain_id")
+        if isinstance(cid, str):
+            out[cid] = dict(row)
+    return out
+
+
+def finished_ok(samples: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The chains whose last sample line says they finished without error."""
+    return {cid: row for cid, row in latest_by_chain(samples).items() if row.get("status") == "ok"}
+
+
+class RunDir:
+    """One run directory, opened for a session of a job (or read by ``presto report``)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._records: IO[str] | None = None
+        self._samples: IO[str] | None = None
+        self.finished: dict[str, dict[str, Any]] = {}
+        self.session = 0
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return (self.path / RUN_FILE).exists()
+
+    def run_info(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.path / RUN_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise PrestoError(
+                f"{self.path} is not a run directory (no {RUN_FILE}); give the output_dir of a run"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise PrestoError(f"{self.path / RUN_FILE} is corrupt: {exc}") from None
+        if not isinstance(data, dict):
+            raise PrestoError(f"{self.path / RUN_FILE} is corrupt: not an object")
+        return data
+
+    def samples(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / SAMPLES_FILE)
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / RECORDS_FILE)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / METRICS_FILE)
+
+    def resolved_config(self) -> dict[str, Any]:
+        try:
+            data = yaml.safe_load((self.path / CONFIG_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    # --- opening a session ----------------------------------------------------------------------
+
+    def open(
+        self,
+        *,
+        fingerprint: Mapping[str, Any],
+        resolved_config: Mapping[str, Any],
+        chains: Sequence[Mapping[str, Any]],
+    ) -> dict[str, dict[str, Any]]:
+        """Start a session: check/create the directory, prepare resume; returns finished chains.
+
+        ``chains`` (chain id, arm, prompt, chain, seed, ...) are merged into ``run.json`` so that
+        every chain's seed is on disk before it runs.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        info: dict[str, Any] = {}
+        if self.exists():
+            info = self.run_info()
+            old = info.get("fingerprint", {})
+            if old != dict(fingerprint):
+                keys = sorted(
+                    k for k in set(old) | set(fingerprint) if old.get(k) != dict(fingerprint).get(k)
+                )
+                raise ConfigError(
+                    f"{self.path} holds a run of a different job (differs in: "
+                    f"{', '.join(keys)}); choose another --output, or delete the directory to "
+                    "start over"
+                )
+        elif any(self.path.iterdir()):
+            raise ConfigError(
+                f"{self.path} exists and is not a run directory; choose another --output"
+            )
+        self.finished = self._prepare_resume({str(c["chain_id"]) for c in chains})
+        sessions = list(info.get("sessions", []))
+        self.session = len(sessions)
+        sessions.append({"session": self.session, "started": time.time(), "finished": None})
+        known = {c["chain_id"]: c for c in info.get("chains", [])}
+        for c in chains:
+            known[str(c["chain_id"])] = dict(c)
+        info.update(
+            format=FORMAT_VERSION,
+            fingerprint=dict(fingerprint),
+            sessions=sessions,
+            chains=list(known.values()),
+        )
+        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default))
+        atomic_write_text(
+            self.path / CONFIG_FILE, yaml.safe_dump(dict(resolved_config), sort_keys=False)
+        )
+        self._records = (self.path / RECORDS_FILE).open("a", encoding="utf-8")
+        self._samples = (self.path / SAMPLES_FILE).open("a", encoding="utf-8")
+        return self.finished
+
+    def _prepare_resume(self, planned: set[str]) -> dict[str, dict[str, Any]]:
+        samples_path = self.path / SAMPLES_FILE
+        records_path = self.path / RECORDS_FILE
+        if not samples_path.exists() and not records_path.exists():
+            return {}
+        finished = finished_ok(read_jsonl(samples_path))
+        records = [r for r in read_jsonl(records_path) if r.get("chain_id") in finished]
+        dropped = len(latest_by_chain(read_jsonl(samples_path))) - len(finished)
+        atomic_write_text(samples_path, "".join(_dumps(r) + "\n" for r in finished.values()))
+        atomic_write_text(records_path, "".join(_dumps(r) + "\n" for r in records))
+        logger.info(
+            "resuming %s: %d chain(s) finished, %d failed chain(s) to retry",
+            self.path,
+            len(finished.keys() & planned),
+            dropped,
+        )
+        return finished
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def append_record(self, row: Mapping[str, Any]) -> None:
+        if self._records is None:
+            raise RuntimeError("run directory not opened")
+        self._records.write(_dumps(row) + "\n")
+        self._records.flush()
+
+    def append_sample(self, row: Mapping[str, Any]) -> None:
+        if self._samples is None:
+            raise RuntimeError("run directory not opened")
+        self._samples.write(_dumps(row) + "\n")
+        self._samples.flush()
+        os.fsync(self._samples.fileno())
+
+    def append_metrics(self, row: Mapping[str, Any]) -> None:
+        with (self.path / METRICS_FILE).open("a", encoding="utf-8") as fh:
+            fh.write(_dumps({"session": self.session, **row}) + "\n")
+
+    def write_summary(self, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+        """``summary.json`` (everything) and ``summary.csv`` (one row per arm), atomically."""
+        atomic_write_text(
+            self.path / SUMMARY_JSON,
+            json.dumps(summary, indent=1, default=_json_default, allow_nan=False) + "\n",
+        )
+        atomic_write_text(self.path / SUMMARY_CSV, rows_to_csv(rows))
+
+    def close(self, *, completed: bool = False) -> None:
+        for fh in (self._records, self._samples):
+            if fh is not None and not fh.closed:
+                fh.flush()
+                fh.close()
+        self._records = self._samples = None
+        if self.exists():
+            try:
+                info = self.run_info()
+                sessions = info.get("sessions", [])
+                if sessions:
+                    sessions[-1]["finished"] = time.time()
+                    sessions[-1]["completed"] = completed
+                atomic_write_text(
+                    self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default)
+                )
+            except (PrestoError, OSError) as exc:  # never mask the error that closes a session
+                logger.warning("could not update %s: %s", self.path / RUN_FILE, exc)
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in columns:
+                columns.append(key)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    return buf.getvalue()
+
+
+def iter_chain_records(
+    records: Iterable[Mapping[str, Any]], chain_ids: set[str] | None = None
+) -> Iterator[tuple[str, list[Mapping[str, Any]]]]:
+    """Records grouped by chain id (in file order), optionally only for ``chain_ids``."""
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        cid = r.get("chain_id")
+        if not isinstance(cid, str) or (chain_ids is not None and cid not in chain_ids):
+            continue
+        grouped.setdefault(cid, []).append(r)
+    yield from grouped.items()
