@@ -14,7 +14,10 @@ from backends.base import EngineSpec
 from presto_client.errors import ConfigError
 
 if TYPE_CHECKING:
+    import httpx
+
     from backends.engine import HttpEngine
+    from backends.transport import Sleep
 
 # Built-in dialects are imported on first use: "module:attribute".
 _BUILTIN: dict[str, str] = {
@@ -51,11 +54,21 @@ def adapter_class(name: str) -> Any:
     )
 
 
-def create_engine(spec: EngineSpec, replica: int = 0) -> HttpEngine:
-    """The engine serving replica ``replica`` of ``spec`` (an unknown kind raises ConfigError)."""
+def create_engine(
+    spec: EngineSpec,
+    replica: int = 0,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    sleep: Sleep | None = None,
+) -> HttpEngine:
+    """The engine serving replica ``replica`` of ``spec`` (an unknown kind raises ConfigError).
+
+    ``transport`` replaces httpx's network transport (tests: ``httpx.MockTransport``);
+    ``sleep`` replaces the sleep between retries.
+    """
+    cls = adapter_class(spec.kind)
     from backends.engine import HttpEngine
 
-    cls = adapter_class(spec.kind)
     if not spec.base_urls:
         raise ConfigError(f"engine {spec.kind!r} has no base_urls")
     if not 0 <= replica < len(spec.base_urls):
@@ -63,4 +76,4 @@ def create_engine(spec: EngineSpec, replica: int = 0) -> HttpEngine:
             f"replica {replica} out of range: engine {spec.display_name()} has "
             f"{len(spec.base_urls)} base_urls"
         )
-    return HttpEngine(spec, cls(spec), replica=replica)
+    return HttpEngine(spec, cls(spec), replica=replica, transport=transport, sleep=sleep)

@@ -1,0 +1,476 @@
+"""The adapter contract and the dialect-independent turning of engine answers into scores.
+
+An adapter is a set of *pure* functions of one serving dialect: request builders (plain objects
+in, an :class:`HttpCall` out) and response parsers (a decoded JSON body in, a
+:class:`TokenLogprobs` out). It never opens a socket; :class:`~backends.engine.HttpEngine` sends
+what it builds over the shared :class:`~backends.transport.Transport`.
+
+Every parser returns the same normalised record, :class:`TokenLogprobs`: the token ids, the
+logprob the engine returned for each (raw ``log p0`` or temperature-scaled ``log q_τ``, as the
+adapter's :attr:`Adapter.semantics` says), and the returned top-K, deduplicated by token id,
+sorted, cut to the K asked for and padded with ``-inf``. :func:`scored_from_raw` and
+:func:`scored_from_scaled` turn those records into :class:`~presto_client.engine.ScoredTokens`,
+always through :func:`presto_client.logprob_math.scores_from_topk`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from backends.base import Capabilities, EngineSpec
+from presto_client.engine import (
+    FloatArray,
+    IntArray,
+    ProposalRequest,
+    ScoredTokens,
+    ScoreSpec,
+)
+from presto_client.errors import ConfigError, InvalidResponseError
+from presto_client.logprob_math import scores_from_topk
+
+RAW = "raw"
+SCALED = "scaled"
+
+# vLLM writes -inf as -9999.0 (OpenAI's convention); SGLang clamps it to float32's minimum.
+SENTINEL_THRESHOLD = -9999.0
+FLOAT32_MIN = -3.4028234663852886e38
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCall:
+    """One HTTP request an adapter wants sent: ``POST path`` with a JSON ``payload``."""
+
+    path: str
+    payload: dict[str, Any]
+    label: str
+    """Names the request in error messages (e.g. ``proposal seed=7, 16 tokens``)."""
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Per-token logprobs as an engine returned them, normalised (one row per token).
+
+    ``logprobs`` is what the engine returned for each token (raw or scaled: see the adapter's
+    semantics); ``top_ids``/``top_logprobs`` are the returned top-K, deduplicated by id, sorted
+    by decreasing logprob, cut to K and padded with ``-1``/``-inf``.
+    """
+
+    token_ids: IntArray
+    logprobs: FloatArray
+    top_ids: IntArray
+    top_logprobs: FloatArray
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @classmethod
+    def empty(cls, k: int) -> TokenLogprobs:
+        return cls(
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0),
+            np.zeros((0, k), dtype=np.int64),
+            np.zeros((0, k)),
+        )
+
+    def concat(self, other: TokenLogprobs) -> TokenLogprobs:
+        k = max(self.top_ids.shape[1], other.top_ids.shape[1])
+        a, b = self.padded(k), other.padded(k)
+        return TokenLogprobs(
+            np.concatenate([a.token_ids, b.token_ids]),
+            np.concatenate([a.logprobs, b.logprobs]),
+            np.concatenate([a.top_ids, b.top_ids]),
+            np.concatenate([a.top_logprobs, b.top_logprobs]),
+        )
+
+    def padded(self, k: int) -> TokenLogprobs:
+        have = self.top_ids.shape[1]
+        if have >= k:
+            return self
+        n = len(self)
+        return TokenLogprobs(
+            self.token_ids,
+            self.logprobs,
+            np.concatenate([self.top_ids, np.full((n, k - have), -1, dtype=np.int64)], axis=1),
+            np.concatenate([self.top_logprobs, np.full((n, k - have), -np.inf)], axis=1),
+        )
+
+
+@dataclass(slots=True)
+class ParsedModels:
+    names: list[str] = field(default_factory=list)
+    max_model_len: int | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers shared by the parsers.
+
+
+def logprob_value(value: Any, *, label: str, what: str) -> float:
+    """A returned logprob as a float: sentinels become ``-inf``; missing or NaN raise."""
+    if value is None:
+        raise InvalidResponseError(f"{label}: missing logprob ({what})")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidResponseError(f"{label}: logprob is not a number ({what}): {value!r}")
+    x = float(value)
+    if math.isnan(x):
+        raise InvalidResponseError(f"{label}: NaN logprob ({what}); the engine failed on it")
+    if x <= SENTINEL_THRESHOLD:
+        return -math.inf
+    if x > 1e-3:  # a logprob is <= 0; allow rounding noise
+        raise InvalidResponseError(f"{label}: positive logprob {x} ({what})")
+    return min(x, 0.0)
+
+
+def token_id_value(value: Any, *, label: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str):
+            text = value.removeprefix("token_id:")
+            if text.lstrip("-").isdigit():
+                return int(text)
+        raise InvalidResponseError(f"{label}: token id is not an integer ({what}): {value!r}")
+    return int(value)
+
+
+def topk_rows(
+    rows: Sequence[Iterable[tuple[int, float]]], k: int, *, label: str
+) -> tuple[IntArray, FloatArray]:
+    """``[n, k]`` ids and logprobs from per-position ``(id, logprob)`` pairs.
+
+    Duplicated ids (vLLM's sampled token repeated among the top-K, key collisions) are merged;
+    the entries are sorted by decreasing logprob and cut to ``k`` — a sampled token returned in
+    addition to the top-K (rank > K) is dropped, so the set is a true top set, as the tail bound
+    needs. Rows with fewer entries are padded with ``-1``/``-inf``.
+    """
+    n = len(rows)
+    ids = np.full((n, max(k, 0)), -1, dtype=np.int64)
+    lps = np.full((n, max(k, 0)), -np.inf)
+    for i, row in enumerate(rows):
+        best: dict[int, float] = {}
+        for token, lp in row:
+            prev = best.get(token)
+            if prev is not None and abs(prev - lp) > 1e-3 and math.isfinite(prev):
+                raise InvalidResponseError(
+                    f"{label}: token {token} listed twice at position {i} with different "
+                    f"logprobs ({prev} and {lp})"
+                )
+            if prev is None or lp > prev:
+                best[token] = lp
+        ordered = sorted(best.items(), key=lambda item: (-item[1], item[0]))[:k]
+        for j, (token, lp) in enumerate(ordered):
+            ids[i, j] = token
+            lps[i, j] = lp
+    return ids, lps
+
+
+def check_length(got: int, want: int, *, label: str) -> None:
+    if got != want:
+        raise InvalidResponseError(
+            f"{label}: the engine returned {got} tokens, {want} were requested "
+            "(is max_model_len too small, or was EOS not ignored?)"
+        )
+
+
+def check_ids(got: IntArray, want: Sequence[int], *, label: str) -> None:
+    if got.shape[0] != len(want) or not np.array_equal(got, np.asarray(want, dtype=np.int64)):
+        raise InvalidResponseError(f"{label}: the scored tokens are not the tokens sent")
+
+
+# --------------------------------------------------------------------------------------------
+# From normalised logprobs to ScoredTokens (the one place where this happens for HTTP engines).
+
+
+def _derive(
+    logp0: FloatArray, top: FloatArray, spec: ScoreSpec, vocab_size: int | None
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    try:
+        derived = scores_from_topk(logp0, top, spec.temperatures, vocab_size)
+    except ValueError as exc:
+        if "vocabulary size" in str(exc):
+            raise ConfigError(
+                f"{exc}: set vocab_size in the engine spec to use temperatures above 1"
+            ) from exc
+        raise InvalidResponseError(str(exc)) from exc
+    return derived.logq_lo, derived.logq_hi, derived.entropy
+
+
+def scored_from_raw(
+    raw: TokenLogprobs, spec: ScoreSpec, vocab_size: int | None = None
+) -> ScoredTokens:
+    """Scores from raw logprobs: ``log p0`` as returned, ``log q`` as certified intervals."""
+    lo, hi, entropy = _derive(raw.logprobs, raw.top_logprobs, spec, vocab_size)
+    return ScoredTokens(
+        token_ids=raw.token_ids,
+        logp0=raw.logprobs,
+        logq_lo=lo,
+        logq_hi=hi,
+        entropy=entropy if spec.entropy else None,
+    )
+
+
+def scored_from_scaled(
+    generated: TokenLogprobs,
+    temperature: float,
+    raw: TokenLogprobs,
+    spec: ScoreSpec,
+    vocab_size: int | None = None,
+) -> ScoredTokens:
+    """Scores from a scaled generation plus a raw scoring of the same tokens (two-call mode).
+
+    ``generated.logprobs`` are exact ``log q_τ`` at the request ``temperature``: they fill the
+    columns of that temperature exactly. ``log p0`` comes from ``raw``; the other temperatures
+    and the entropy are derived from ``raw``'s top-K. ``meta["scaled_outside_interval"]`` is the
+    largest distance of an exact value from its certified interval (numeric drift between the
+    two calls; 0 when consistent).
+    """
+    if not np.array_equal(generated.token_ids, raw.token_ids):
+        raise InvalidResponseError("the scoring call did not score the generated tokens")
+    lo, hi, entropy = _derive(raw.logprobs, raw.top_logprobs, spec, vocab_size)
+    lo = lo.copy()
+    hi = hi.copy()
+    drift = 0.0
+    for m, tau in enumerate(spec.temperatures):
+        if math.isclose(tau, temperature, rel_tol=1e-9, abs_tol=1e-12):
+            exact = generated.logprobs
+            outside = np.maximum(lo[:, m] - exact, exact - hi[:, m])
+            if outside.size:
+                drift = max(drift, float(np.max(np.where(np.isfinite(outside), outside, 0.0))))
+            lo[:, m] = exact
+            hi[:, m] = exact
+    return ScoredTokens(
+        token_ids=raw.token_ids,
+        logp0=raw.logprobs,
+        logq_lo=lo,
+        logq_hi=hi,
+        entropy=entropy if spec.entropy else None,
+        meta={"scaled_outside_interval": drift},
+    )
+
+
+def exact_from_full_rows(
+    token_ids: Sequence[int], raw: TokenLogprobs, spec: ScoreSpec, vocab_size: int
+) -> ScoredTokens:
+    """Exact scores from full-vocabulary raw rows (``raw.top_*`` holds every token)."""
+    n = len(token_ids)
+    full = np.full((n, vocab_size), -np.inf)
+    for i in range(n):
+        valid = raw.top_ids[i] >= 0
+        ids = raw.top_ids[i][valid]
+        if ids.size and ids.max() >= vocab_size:
+            raise InvalidResponseError(
+                f"token id {int(ids.max())} outside the vocabulary of {vocab_size}"
+            )
+        full[i, ids] = raw.top_logprobs[i][valid]
+    # Renormalise over what was returned (rounding of a float32 softmax).
+    logp0 = raw.logprobs
+    logq = np.empty((n, len(spec.temperatures)))
+    for m, tau in enumerate(spec.temperatures):
+        scaled = full / tau
+        top = np.max(scaled, axis=1, keepdims=True)
+        log_z = (top + np.log(np.sum(np.exp(scaled - top), axis=1, keepdims=True)))[:, 0]
+        logq[:, m] = logp0 / tau - log_z
+    p = np.exp(full)
+    entropy = -np.sum(np.where(p > 0, p * np.where(np.isfinite(full), full, 0.0), 0.0), axis=1)
+    return ScoredTokens.exact(token_ids, logp0, logq, entropy if spec.entropy else None)
+
+
+def exact_from_normalisers(
+    raw: TokenLogprobs,
+    scaled_next: dict[float, TokenLogprobs],
+    spec: ScoreSpec,
+    *,
+    label: str,
+) -> ScoredTokens:
+    """Exact scores of given tokens from a raw scoring plus scaled next-token top-K rows.
+
+    ``scaled_next[τ]`` row ``i`` holds the temperature-``τ`` top-K at position ``i`` (same
+    context as ``raw`` row ``i``). For any token ``j`` in both top sets, ``log Z_τ =
+    log p0(j)/τ − log q_τ(j)`` exactly, hence ``log q_τ(x) = log p0(x)/τ − log Z_τ``.
+    """
+    n = len(raw)
+    logq = np.empty((n, len(spec.temperatures)))
+    for m, tau in enumerate(spec.temperatures):
+        if math.isclose(tau, 1.0, rel_tol=0.0, abs_tol=1e-12):
+            logq[:, m] = raw.logprobs
+            continue
+        rows = scaled_next[tau]
+        for i in range(n):
+            raw_row = {
+                int(t): float(v)
+                for t, v in zip(raw.top_ids[i], raw.top_logprobs[i], strict=True)
+                if t >= 0 and np.isfinite(v)
+            }
+            raw_row.setdefault(int(raw.token_ids[i]), float(raw.logprobs[i]))
+            common = [
+                (raw_row[int(t)], int(t), float(v))
+                for t, v in zip(rows.top_ids[i], rows.top_logprobs[i], strict=True)
+                if int(t) in raw_row and np.isfinite(v)
+            ]
+            if not common:
+                raise InvalidResponseError(
+                    f"{label}: no token in both the raw and the scaled top-K at position {i}"
+                )
+            lp_raw, _, lq = max(common)
+            log_z = lp_raw / tau - lq
+            logq[i, m] = raw.logprobs[i] / tau - log_z
+    entropy = None
+    if spec.entropy:
+        entropy = _derive(raw.logprobs, raw.top_logprobs, ScoreSpec((1.0,)), None)[2]
+    return ScoredTokens.exact(raw.token_ids, raw.logprobs, logq, entropy)
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter contract.
+
+
+class Adapter:
+    """Base class of a dialect: pure builders and parsers plus what the dialect can do.
+
+    Subclasses set the class attributes and implement the ``build_*``/``parse_*`` methods.
+    ``build_score`` / ``parse_score`` (raw logprobs of given tokens) are needed for scaled
+    semantics (two-call mode), for the start-up probe and for :meth:`Engine.score`.
+    """
+
+    dialect: ClassVar[str] = ""
+    modes: ClassVar[tuple[str, ...]] = (RAW,)
+    default_mode: ClassVar[str] = RAW
+    health_path: ClassVar[str] = "/health"
+    models_path: ClassVar[str] = "/v1/models"
+    metrics_path: ClassVar[str] = "/metrics"
+    metric_names: ClassVar[tuple[str, str] | None] = None
+    """Prometheus names of the prefix-cache (queries, hits) token counters."""
+    streaming: ClassVar[bool] = False
+    max_top_k: ClassVar[int | None] = None
+    start_hint: ClassVar[str] = ""
+    """How to start this dialect's server (for 'unreachable' messages)."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        mode = spec.logprob_mode
+        if mode == "auto":
+            mode = self.default_mode
+        if mode not in self.modes:
+            raise ConfigError(
+                f"logprob_mode {spec.logprob_mode!r} is not valid for backend "
+                f"{self.dialect!r}; valid modes are: auto, {', '.join(self.modes)}"
+            )
+        if spec.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {spec.top_k}")
+        self.spec = spec
+        self.mode = mode
+
+    # ---- what the dialect can do
+
+    @property
+    def semantics(self) -> str:
+        """``"raw"``: generation logprobs are ``log p0``; ``"scaled"``: exact ``log q_τ``."""
+        return RAW
+
+    def capabilities(
+        self, *, seeds_honoured: bool | None = None, scoring_call: bool | None = None
+    ) -> Capabilities:
+        scaled = self.semantics == SCALED
+        return Capabilities(
+            dialect=self.dialect,
+            logprob_mode=self.mode,
+            logprob_semantics=self.semantics,
+            exact_logq=scaled,
+            calls_per_proposal=2 if scaled else 1,
+            seeds_honoured=seeds_honoured,
+            scoring_call=self.can_score if scoring_call is None else scoring_call,
+            streaming=self.streaming and not scaled,
+            max_top_k=self.max_top_k,
+            metrics=self.metric_names or (),
+        )
+
+    @property
+    def can_score(self) -> bool:
+        return False
+
+    # ---- builders and parsers (pure)
+
+    def build_generate(
+        self, request: ProposalRequest, model: str, *, label: str, stream: bool = False
+    ) -> HttpCall:
+        raise NotImplementedError
+
+    def parse_generate(self, request: ProposalRequest, body: Any, *, label: str) -> TokenLogprobs:
+        raise NotImplementedError
+
+    def parse_stream_event(
+        self, request: ProposalRequest, event: Any, *, label: str
+    ) -> TokenLogprobs | None:
+        raise NotImplementedError
+
+    def build_score(
+        self, prefix: Sequence[int], token_ids: Sequence[int], model: str, top_k: int, *, label: str
+    ) -> HttpCall:
+        """Raw (temperature-1) logprobs of ``token_ids`` after ``prefix``, with top-``top_k``
+        (``top_k == -1``: the whole vocabulary)."""
+        raise NotImplementedError
+
+    def parse_score(
+        self, prefix: Sequence[int], token_ids: Sequence[int], body: Any, top_k: int, *, label: str
+    ) -> TokenLogprobs:
+        raise NotImplementedError
+
+    def build_next_token_topk(
+        self, contexts: Sequence[Sequence[int]], temperature: float, model: str, *, label: str
+    ) -> list[HttpCall]:
+        """Calls returning the top-K at ``temperature`` of the next token after each context."""
+        raise NotImplementedError
+
+    def parse_next_token_topk(
+        self, calls: Sequence[HttpCall], bodies: Sequence[Any], n: int, *, label: str
+    ) -> TokenLogprobs:
+        raise NotImplementedError
+
+    def parse_models(self, body: Any) -> ParsedModels:
+        """Served model names from the models endpoint."""
+        names: list[str] = []
+        max_len: int | None = None
+        if isinstance(body, dict):
+            for entry in body.get("data") or []:
+                if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                    names.append(entry["id"])
+                    if max_len is None and isinstance(entry.get("max_model_len"), int):
+                        max_len = entry["max_model_len"]
+        return ParsedModels(names, max_len)
+
+    def full_vocab_top_k(self) -> int | None:
+        """What to send as top-K to get the whole vocabulary (``None``: not possible)."""
+        return None
+
+    def hint_for_semantics(self, detected: str) -> str:
+        """The fix to suggest when the server's logprob semantics are not the configured ones."""
+        return ""
+
+    def hint_for_seeds(self) -> str:
+        return ""
+
+    def hint_for_scoring(self) -> str:
+        return ""
+
+
+def error_message(body: Any, fallback: str) -> str:
+    """The server's own error message from an error body (vLLM, SGLang, OpenAI shapes)."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str) and err:
+            return err
+        for key in ("message", "detail"):
+            val = body.get(key)
+            if isinstance(val, str) and val:
+                return val
+            if isinstance(val, list) and val:  # FastAPI validation errors
+                return "; ".join(
+                    str(item.get("msg", item)) if isinstance(item, dict) else str(item)
+                    for item in val
+                )
+    return fallback

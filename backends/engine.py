@@ -1,0 +1,442 @@
+"""The HTTP engine: drives one dialect's pure adapter over the shared transport.
+
+``generate`` sends one HTTP request per proposal (each with its own seed), concurrently, and
+in scaled modes a scoring call per proposal after it; ``stream`` yields a proposal's scores as
+server-sent events arrive (raw modes); ``score`` returns exact scores of given tokens;
+``probe`` checks health, model and logprob semantics before a job; ``metrics`` reads the
+prefix-cache counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+
+from backends.adapter import (
+    RAW,
+    SCALED,
+    Adapter,
+    TokenLogprobs,
+    exact_from_full_rows,
+    exact_from_normalisers,
+    scored_from_raw,
+    scored_from_scaled,
+)
+from backends.base import Capabilities, EngineSpec, ProbeReport
+from backends.metrics import prefix_cache_metrics
+from backends.transport import Sleep, Transport
+from presto_client.engine import ProposalRequest, ScoredTokens, ScoreRequest, ScoreSpec
+from presto_client.errors import (
+    EngineError,
+    EngineRequestError,
+    EngineUnavailableError,
+    ProbeError,
+)
+from presto_client.logprob_math import scores_from_topk
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Probe settings: a short prompt, a few tokens at a low temperature.
+PROBE_PROMPT: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+PROBE_TOKENS = 8
+PROBE_TEMPERATURE = 0.25
+PROBE_SEED = 1234
+SEMANTICS_INDISTINCT = 1e-3
+"""Below this mean difference raw and scaled logprobs cannot be told apart (confident tokens)."""
+SEMANTICS_DRIFT_WARN = 0.05
+"""Above this the matching hypothesis still leaves a large numeric drift (bf16?)."""
+
+
+async def gather_or_cancel(aws: Sequence[Awaitable[T]]) -> list[T]:
+    """Run awaitables concurrently; on the first failure cancel the rest and raise it.
+
+    Cancelling the caller cancels every child (and so aborts their HTTP requests).
+    """
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return []
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            first = min(failed, key=tasks.index)
+            exc = first.exception()
+            assert exc is not None
+            raise exc
+        return [t.result() for t in tasks]
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _label(request: ProposalRequest, index: int | None = None) -> str:
+    where = "" if index is None else f" {index}"
+    return (
+        f"proposal{where} (seed={request.seed}, {request.num_tokens} tokens at "
+        f"τ={request.temperature:g} after {len(request.prefix)} prefix tokens)"
+    )
+
+
+class HttpEngine:
+    """:class:`~presto_client.engine.Engine` over one replica of an HTTP serving engine."""
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        adapter: Adapter,
+        *,
+        replica: int = 0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Sleep | None = None,
+    ) -> None:
+        self.spec = spec
+        self.adapter = adapter
+        self.replica = replica
+        self.base_url = spec.base_urls[replica]
+        self.name = spec.display_name(replica)
+        self.transport = Transport(
+            self.base_url,
+            engine_name=self.name,
+            max_concurrency=spec.max_concurrency,
+            request_timeout_s=spec.request_timeout_s,
+            connect_timeout_s=spec.connect_timeout_s,
+            max_retries=spec.max_retries,
+            api_key=spec.api_key,
+            transport=transport,
+            sleep=sleep,
+            start_hint=adapter.start_hint,
+        )
+        self._model: str | None = spec.model
+        self._model_lock = asyncio.Lock()
+        self._seeds_honoured: bool | None = None
+        self._scoring_ok: bool | None = None
+        self.last_probe: ProbeReport | None = None
+
+    # ---- properties
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.adapter.capabilities(
+            seeds_honoured=self._seeds_honoured, scoring_call=self._scoring_ok
+        )
+
+    @property
+    def top_k(self) -> int:
+        return self.spec.top_k
+
+    async def model(self) -> str:
+        """The served model name (discovered once when the spec does not give it)."""
+        if self._model is not None:
+            return self._model
+        async with self._model_lock:
+            if self._model is None:
+                names = await self._served_models()
+                if not names:
+                    raise EngineError(
+                        f"{self.base_url}{self.adapter.models_path} lists no model",
+                        engine=self.name,
+                    )
+                self._model = names[0]
+        return self._model
+
+    async def _served_models(self) -> list[str]:
+        body = await self.transport.request_json(
+            "GET", self.adapter.models_path, label="model discovery"
+        )
+        return self.adapter.parse_models(body).names
+
+    # ---- generate
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        model = await self.model() if requests else ""
+        return await gather_or_cancel(
+            [self._generate_one(r, model, _label(r, i)) for i, r in enumerate(requests)]
+        )
+
+    async def _generate_one(self, request: ProposalRequest, model: str, label: str) -> ScoredTokens:
+        call = self.adapter.build_generate(request, model, label=label)
+        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
+        generated = self.adapter.parse_generate(request, body, label=label)
+        if self.adapter.semantics == RAW:
+            return scored_from_raw(generated, request.scores, self.spec.vocab_size)
+        raw = await self._score_raw(request.prefix, generated.token_ids.tolist(), model, label)
+        return scored_from_scaled(
+            generated, request.temperature, raw, request.scores, self.spec.vocab_size
+        )
+
+    async def _score_raw(
+        self,
+        prefix: Sequence[int],
+        token_ids: Sequence[int],
+        model: str,
+        label: str,
+        top_k: int | None = None,
+    ) -> TokenLogprobs:
+        k = self.spec.top_k if top_k is None else top_k
+        slabel = f"scoring of {label}"
+        call = self.adapter.build_score(prefix, token_ids, model, k, label=slabel)
+        body = await self.transport.request_json("POST", call.path, call.payload, label=slabel)
+        return self.adapter.parse_score(prefix, token_ids, body, k, label=slabel)
+
+    # ---- stream
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        """Scores of one proposal, chunk by chunk as the server produces them.
+
+        Raw modes stream over SSE; scaled modes (two calls) and dialects without streaming
+        yield the whole proposal as one chunk. Closing the iterator closes the HTTP stream.
+        """
+        label = _label(request)
+        model = await self.model()
+        if not self.capabilities.streaming:
+            (whole,) = await self.generate([request])
+            yield whole
+            return
+        call = self.adapter.build_generate(request, model, label=label, stream=True)
+        received = 0
+        events = self.transport.stream_events(call.path, call.payload, label=label)
+        try:
+            async for event in events:
+                chunk = self.adapter.parse_stream_event(request, event, label=label)
+                if chunk is None or len(chunk) == 0:
+                    continue
+                received += len(chunk)
+                if received > request.num_tokens:
+                    raise EngineError(
+                        f"{label}: the stream delivered {received} tokens, "
+                        f"{request.num_tokens} were requested",
+                        engine=self.name,
+                    )
+                yield scored_from_raw(chunk, request.scores, self.spec.vocab_size)
+        finally:
+            await events.aclose()
+        if received != request.num_tokens:
+            raise EngineError(
+                f"{label}: the stream ended after {received} of {request.num_tokens} tokens",
+                engine=self.name,
+            )
+
+    # ---- exact scores
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+        """Exact ``log q`` (``lo == hi``) of given tokens under every temperature asked.
+
+        Scaled modes: a raw scoring call plus, per temperature ≠ 1, one batched request of
+        next-token top-K at that temperature (exact normalisers). Raw modes: full-vocabulary
+        prompt logprobs (vLLM needs ``--max-logprobs -1``); otherwise a clear error.
+        """
+        if not requests:
+            return []
+        if self._scoring_ok is False or not self.adapter.can_score:
+            raise EngineRequestError(
+                f"exact scoring is not available: {self.adapter.hint_for_scoring()}",
+                engine=self.name,
+            )
+        model = await self.model()
+        return await gather_or_cancel(
+            [self._score_one(r, model, f"score request {i}") for i, r in enumerate(requests)]
+        )
+
+    async def _score_one(self, request: ScoreRequest, model: str, label: str) -> ScoredTokens:
+        if not request.token_ids:
+            return ScoredTokens.empty(len(request.scores.temperatures), request.scores.entropy)
+        if self.adapter.semantics == SCALED:
+            raw = await self._score_raw(request.prefix, request.token_ids, model, label)
+            contexts = [
+                (*request.prefix, *request.token_ids[:i]) for i in range(len(request.token_ids))
+            ]
+            temps = [t for t in request.scores.temperatures if not math.isclose(t, 1.0)]
+            rows = await gather_or_cancel(
+                [self._next_token_topk(contexts, t, model, label) for t in temps]
+            )
+            return exact_from_normalisers(
+                raw, dict(zip(temps, rows, strict=True)), request.scores, label=label
+            )
+        full_k = self.adapter.full_vocab_top_k()
+        vocab = self.spec.vocab_size
+        if full_k is None:
+            raise EngineRequestError(
+                f"{label}: exact scoring is not available: {self.adapter.hint_for_scoring()}",
+                engine=self.name,
+            )
+        try:
+            raw = await self._score_raw(request.prefix, request.token_ids, model, label, full_k)
+        except EngineRequestError as exc:
+            self._scoring_ok = False
+            raise EngineRequestError(
+                f"{exc}. {self.adapter.hint_for_scoring()}", engine=self.name
+            ) from exc
+        if vocab is None:
+            vocab = int(np.max(raw.top_ids)) + 1 if raw.top_ids.size else 0
+            vocab = max(vocab, int(raw.top_ids.shape[1]))
+        return exact_from_full_rows(request.token_ids, raw, request.scores, vocab)
+
+    async def _next_token_topk(
+        self, contexts: Sequence[Sequence[int]], temperature: float, model: str, label: str
+    ) -> TokenLogprobs:
+        nlabel = f"normalisers at τ={temperature:g} for {label}"
+        calls = self.adapter.build_next_token_topk(contexts, temperature, model, label=nlabel)
+        bodies = await gather_or_cancel(
+            [self.transport.request_json("POST", c.path, c.payload, label=nlabel) for c in calls]
+        )
+        return self.adapter.parse_next_token_topk(calls, bodies, len(contexts), label=nlabel)
+
+    # ---- metrics
+
+    async def metrics(self) -> dict[str, float]:
+        """Prefix-cache counters (``prefix_cache_queries``, ``prefix_cache_hits``, tokens)."""
+        if self.adapter.metric_names is None:
+            return {}
+        text = await self.transport.get_text(self.adapter.metrics_path, label="metrics")
+        return prefix_cache_metrics(text, self.adapter.metric_names)
+
+    # ---- probe
+
+    async def probe(self, *, check_seeds: bool = True, check_scoring: bool = True) -> ProbeReport:
+        """Health, model name, logprob semantics (and seeds, exact scoring) of this replica.
+
+        Raises :class:`EngineUnavailableError` when the server cannot be reached or is not
+        healthy, :class:`ProbeError` when it serves another model or its logprob semantics are
+        not the configured mode. Softer findings go to ``warnings`` and the log.
+        """
+        status = await self.transport.get_status(self.adapter.health_path)
+        if status != 200:
+            raise EngineUnavailableError(
+                f"{self.base_url}{self.adapter.health_path} answered HTTP {status}: the server "
+                "is not ready (still loading?)",
+                engine=self.name,
+            )
+        names = await self._served_models()
+        if self.spec.model is not None and names and self.spec.model not in names:
+            raise ProbeError(
+                f"{self.base_url} serves {', '.join(names)}, not {self.spec.model!r}: fix "
+                "`model` in the engine spec (or leave it out to use the served one)",
+                engine=self.name,
+            )
+        if self._model is None and names:
+            self._model = names[0]
+        model = await self.model()
+        report = ProbeReport(
+            engine=self.name, base_url=self.base_url, model=model, logprob_mode=self.adapter.mode
+        )
+        if self.adapter.can_score:
+            await self._probe_semantics(model, report)
+        else:
+            report.warnings.append(
+                "logprob semantics not checked: this dialect has no scoring call"
+            )
+        if check_seeds:
+            await self._probe_seeds(model, report)
+        if check_scoring and self.adapter.can_score and self.adapter.semantics == RAW:
+            await self._probe_exact_scoring(model, report)
+        for warning in report.warnings:
+            logger.warning("[%s] %s", self.name, warning)
+        self.last_probe = report
+        if report.problems:
+            raise ProbeError("; ".join(report.problems), engine=self.name)
+        logger.info(
+            "[%s] probe ok: model %s, logprob mode %s (max |Δ| %.2g)",
+            self.name,
+            model,
+            self.adapter.mode,
+            report.max_abs_logprob_diff or 0.0,
+        )
+        return report
+
+    async def _probe_semantics(self, model: str, report: ProbeReport) -> None:
+        request = ProposalRequest(
+            PROBE_PROMPT, PROBE_TOKENS, PROBE_TEMPERATURE, PROBE_SEED, ScoreSpec((1.0,))
+        )
+        label = "probe generation"
+        call = self.adapter.build_generate(request, model, label=label)
+        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
+        generated = self.adapter.parse_generate(request, body, label=label)
+        raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
+        returned = generated.logprobs
+        # Hypothesis "raw": returned == log p0. Hypothesis "scaled": returned == log q_τ, which
+        # lies in the certified interval derived from the raw top-K of the scoring call.
+        d_raw = np.abs(returned - raw.logprobs)
+        derived = scores_from_topk(
+            raw.logprobs, raw.top_logprobs, (PROBE_TEMPERATURE,), self.spec.vocab_size
+        )
+        lo, hi = derived.logq_lo[:, 0], derived.logq_hi[:, 0]
+        d_scaled = np.maximum(np.maximum(lo - returned, returned - hi), 0.0)
+        mean_raw, mean_scaled = float(np.mean(d_raw)), float(np.mean(d_scaled))
+        report.details["probe_mean_diff_raw"] = mean_raw
+        report.details["probe_mean_diff_scaled"] = mean_scaled
+        if abs(mean_raw - mean_scaled) < SEMANTICS_INDISTINCT:
+            report.warnings.append(
+                "logprob semantics inconclusive: the probe tokens were near-deterministic"
+            )
+            return
+        detected = RAW if mean_raw < mean_scaled else SCALED
+        report.details["probe_detected_scaled"] = float(detected == SCALED)
+        expected = self.adapter.semantics
+        report.max_abs_logprob_diff = float(np.max(d_raw if expected == RAW else d_scaled))
+        if detected != expected:
+            report.problems.append(
+                f"logprob semantics mismatch (configured mode {self.adapter.mode!r}): "
+                f"{self.adapter.hint_for_semantics(detected)}"
+            )
+        elif report.max_abs_logprob_diff > SEMANTICS_DRIFT_WARN:
+            report.warnings.append(
+                f"returned logprobs differ from the scoring call by up to "
+                f"{report.max_abs_logprob_diff:.3g} nats: run the server in float32"
+            )
+
+    async def _probe_seeds(self, model: str, report: ProbeReport) -> None:
+        request = ProposalRequest(
+            PROBE_PROMPT, PROBE_TOKENS, 1.0, PROBE_SEED + 1, ScoreSpec((1.0,))
+        )
+        label = "probe seed check"
+        outs: list[list[int]] = []
+        for _ in range(2):
+            call = self.adapter.build_generate(request, model, label=label)
+            body = await self.transport.request_json("POST", call.path, call.payload, label=label)
+            outs.append(self.adapter.parse_generate(request, body, label=label).token_ids.tolist())
+        report.seeds_honoured = outs[0] == outs[1]
+        self._seeds_honoured = report.seeds_honoured
+        if not report.seeds_honoured:
+            report.warnings.append(f"seeds are not honoured: {self.adapter.hint_for_seeds()}")
+
+    async def _probe_exact_scoring(self, model: str, report: ProbeReport) -> None:
+        full_k = self.adapter.full_vocab_top_k()
+        if full_k is None:
+            self._scoring_ok = False
+        else:
+            try:
+                await self._score_raw(PROBE_PROMPT[:-2], PROBE_PROMPT[-2:], model, "probe", full_k)
+                self._scoring_ok = True
+            except EngineRequestError as exc:
+                self._scoring_ok = False
+                logger.debug("[%s] full-vocabulary scoring refused: %s", self.name, exc)
+        if not self._scoring_ok:
+            report.warnings.append(
+                f"exact scoring unavailable (Engine.score will raise): "
+                f"{self.adapter.hint_for_scoring()}"
+            )
+        report.details["exact_scoring"] = float(bool(self._scoring_ok))
+
+    # ---- lifecycle
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> HttpEngine:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

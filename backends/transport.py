@@ -1,0 +1,309 @@
+"""The one HTTP transport of a replica: client, timeouts, concurrency bound, retries, streaming.
+
+* One :class:`httpx.AsyncClient` per replica, with explicit :class:`httpx.Timeout` and
+  :class:`httpx.Limits` sized to ``max_concurrency``; a semaphore bounds in-flight requests.
+* Retries (tenacity, jittered exponential backoff, ``Retry-After`` honoured) for connection
+  errors, timeouts, 408, 429 and 5xx only. A 4xx surfaces at once as
+  :class:`~presto_client.errors.EngineRequestError` with the server's own message.
+* Cancellation is never swallowed: cancelling a caller aborts its HTTP request (httpx closes
+  the connection), and closing a stream iterator closes the HTTP stream.
+* The httpx transport is injectable (``httpx.MockTransport`` in unit tests), and so is the
+  sleep used between retries (tests count retries with sleeps patched out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from backends.adapter import error_message
+from presto_client.errors import (
+    EngineError,
+    EngineRequestError,
+    EngineUnavailableError,
+    InvalidResponseError,
+)
+
+logger = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 429})
+MAX_RETRY_AFTER_S = 60.0
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class RetryableHTTPError(Exception):
+    """An answer worth retrying (408, 429, 5xx); becomes an EngineError when retries run out."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, RetryableHTTPError):
+        return True
+    return isinstance(exc, httpx.TransportError) and not isinstance(
+        exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError
+    )
+
+
+class _Wait:
+    """Jittered exponential backoff, or the server's ``Retry-After`` when it gave one."""
+
+    def __init__(self, initial: float = 0.5, maximum: float = 8.0) -> None:
+        self._backoff = wait_random_exponential(multiplier=initial, max=maximum)
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, RetryableHTTPError) and exc.retry_after is not None:
+            return exc.retry_after
+        return float(self._backoff(state))
+
+
+def _decode_json(response: httpx.Response, label: str) -> Any:
+    try:
+        return response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        snippet = response.text[:200]
+        raise InvalidResponseError(f"{label}: the response is not JSON: {snippet!r}") from exc
+
+
+class Transport:
+    """HTTP access to one replica (``base_url``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        engine_name: str,
+        max_concurrency: int = 32,
+        request_timeout_s: float = 300.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 3,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Sleep | None = None,
+        start_hint: str = "",
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        self.base_url = base_url.rstrip("/")
+        self.engine_name = engine_name
+        self.max_retries = max(0, int(max_retries))
+        self.start_hint = start_hint
+        headers = {"Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_concurrency, max_keepalive_connections=max_concurrency
+            ),
+            transport=transport,
+        )
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._sleep: Sleep = sleep if sleep is not None else asyncio.sleep
+        self.requests_sent = 0
+        self.retries = 0
+
+    # ---- errors
+
+    def _unavailable(self, exc: BaseException, attempts: int) -> EngineUnavailableError:
+        hint = f"; {self.start_hint}" if self.start_hint else ""
+        return EngineUnavailableError(
+            f"cannot reach {self.base_url} after {attempts} attempt(s) "
+            f"({type(exc).__name__}: {exc}){hint}",
+            engine=self.engine_name,
+            retryable=True,
+        )
+
+    def _final_error(self, exc: BaseException, attempts: int, label: str) -> BaseException:
+        if isinstance(exc, RetryableHTTPError):
+            cls = EngineUnavailableError if exc.status in (503, 429, 408) else EngineError
+            return cls(
+                f"{label}: HTTP {exc.status} from {self.base_url} after {attempts} attempt(s): "
+                f"{exc.message}",
+                engine=self.engine_name,
+                retryable=True,
+            )
+        if isinstance(exc, httpx.TransportError):
+            return self._unavailable(exc, attempts)
+        return exc
+
+    def _check_status(self, response: httpx.Response, body_text: str, label: str) -> None:
+        status = response.status_code
+        if status < 400:
+            return
+        try:
+            body: Any = json.loads(body_text) if body_text else None
+        except json.JSONDecodeError:
+            body = None
+        message = error_message(body, body_text[:500] or response.reason_phrase)
+        if status in RETRY_STATUSES or status >= 500:
+            raise RetryableHTTPError(
+                status, message, parse_retry_after(response.headers.get("Retry-After"))
+            )
+        raise EngineRequestError(
+            f"{label}: HTTP {status} from {self.base_url}: {message}", engine=self.engine_name
+        )
+
+    # ---- retries
+
+    def _retrying(self) -> AsyncRetrying:
+        def before_sleep(state: RetryCallState) -> None:
+            self.retries += 1
+            exc = state.outcome.exception() if state.outcome is not None else None
+            logger.warning(
+                "[%s] retrying %s (attempt %d of %d): %s",
+                self.engine_name,
+                self.base_url,
+                state.attempt_number + 1,
+                self.max_retries + 1,
+                exc,
+            )
+
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=_Wait(),
+            retry=retry_if_exception(_is_retryable),
+            sleep=self._sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    async def _with_retries(self, attempt: Callable[[], Awaitable[Any]], label: str) -> Any:
+        attempts = 0
+        try:
+            async for try_ in self._retrying():
+                with try_:
+                    attempts += 1
+                    return await attempt()
+        except asyncio.CancelledError:
+            raise
+        except (RetryableHTTPError, httpx.TransportError) as exc:
+            raise self._final_error(exc, attempts, label) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ---- requests
+
+    async def request_json(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, *, label: str
+    ) -> Any:
+        """Send one request (with retries) and decode its JSON answer."""
+
+        async def attempt() -> Any:
+            async with self._semaphore:
+                self.requests_sent += 1
+                response = await self._client.request(method, path, json=payload)
+            self._check_status(response, response.text, label)
+            return _decode_json(response, label)
+
+        return await self._with_retries(attempt, label)
+
+    async def get_text(self, path: str, *, label: str) -> str:
+        async def attempt() -> str:
+            async with self._semaphore:
+                self.requests_sent += 1
+                response = await self._client.get(path)
+            self._check_status(response, response.text, label)
+            return response.text
+
+        return await self._with_retries(attempt, label)
+
+    async def get_status(self, path: str) -> int:
+        """The HTTP status of ``GET path`` with one attempt (connection errors propagate)."""
+        try:
+            async with self._semaphore:
+                response = await self._client.get(path)
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc, 1) from exc
+        return response.status_code
+
+    async def stream_events(
+        self, path: str, payload: dict[str, Any], *, label: str
+    ) -> AsyncIterator[Any]:
+        """Server-sent events of a streaming POST, decoded from JSON, until ``[DONE]``.
+
+        Connecting is retried like any request; once events have arrived a failure surfaces
+        (a proposal cannot be resumed midway). Closing the iterator closes the HTTP stream,
+        which aborts the request on the server.
+        """
+
+        async def connect() -> httpx.Response:
+            request = self._client.build_request("POST", path, json=payload)
+            response = await self._client.send(request, stream=True)
+            if response.status_code >= 400:
+                try:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                finally:
+                    await response.aclose()
+                self._check_status(response, text, label)
+            return response
+
+        async with self._semaphore:
+            self.requests_sent += 1
+            response: httpx.Response = await self._with_retries(connect, label)
+            try:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        event = json.loads(data)
+                    except json.JSONDecodeError as exc:
+                        raise InvalidResponseError(
+                            f"{label}: a stream event is not JSON: {data[:200]!r}"
+                        ) from exc
+                    yield event
+            except httpx.TransportError as exc:
+                raise EngineUnavailableError(
+                    f"{label}: the stream from {self.base_url} broke: {exc}",
+                    engine=self.engine_name,
+                    retryable=True,
+                ) from exc
+            finally:
+                await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
