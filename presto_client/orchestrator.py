@@ -253,6 +253,8 @@ class ChainOutcome:
     error: str | None = None
     wall_s: float = 0.0
     queue_s: float = 0.0
+    text: str | None = None
+    """The response as text, when a ``finish`` hook could detokenize it."""
 
     @property
     def ok(self) -> bool:
@@ -296,6 +298,7 @@ class Orchestrator:
         max_failed_chains: int = 0,
         sinks: Sequence[ChainSink] = (),
         runner: ChainRunner = run_chain,
+        finish: Callable[[ChainOutcome], Awaitable[None]] | None = None,
     ) -> None:
         if not pools:
             raise ValueError("the orchestrator needs at least one engine")
@@ -306,6 +309,7 @@ class Orchestrator:
         self.max_failed_chains = max_failed_chains
         self.sinks = list(sinks)
         self.runner = runner
+        self.finish = finish
         self.result = OrchestratorResult()
 
     async def _run_one(self, spec: ChainSpec) -> ChainOutcome:
@@ -344,6 +348,13 @@ class Orchestrator:
             logger.debug("chain %s traceback", spec.chain_id, exc_info=True)
         outcome.wall_s = time.perf_counter() - start
         outcome.queue_s = view.queue_s
+        if outcome.ok and self.finish is not None:
+            try:
+                await self.finish(outcome)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a finishing touch never fails a finished chain
+                logger.warning("chain %s: finishing step failed: %s", spec.chain_id, exc)
         return outcome
 
     async def _worker(self, queue: deque[ChainSpec]) -> None:

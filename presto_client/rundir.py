@@ -44,6 +44,22 @@ SUMMARY_CSV = "summary.csv"
 FORMAT_VERSION = 1
 
 
+def fingerprint_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The fingerprint fields on which two jobs disagree.
+
+    ``engines`` maps engine names to their identity: engines may be added to a run, but an
+    engine present in both must agree.
+    """
+    out: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if key == "engines" and isinstance(a, dict) and isinstance(b, dict):
+            out.extend(f"engines.{n}" for n in sorted(set(a) & set(b)) if a[n] != b[n])
+        elif a != b:
+            out.append(key)
+    return out
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -166,18 +182,18 @@ class RunDir:
         """
         self.path.mkdir(parents=True, exist_ok=True)
         info: dict[str, Any] = {}
+        merged_engines: dict[str, Any] = dict(dict(fingerprint).get("engines", {}))
         if self.exists():
             info = self.run_info()
             old = info.get("fingerprint", {})
-            if old != dict(fingerprint):
-                keys = sorted(
-                    k for k in set(old) | set(fingerprint) if old.get(k) != dict(fingerprint).get(k)
-                )
+            keys = fingerprint_conflicts(old, fingerprint)
+            if keys:
                 raise ConfigError(
                     f"{self.path} holds a run of a different job (differs in: "
                     f"{', '.join(keys)}); choose another --output, or delete the directory to "
                     "start over"
                 )
+            merged_engines = {**old.get("engines", {}), **dict(fingerprint).get("engines", {})}
         elif any(self.path.iterdir()):
             raise ConfigError(
                 f"{self.path} exists and is not a run directory; choose another --output"
@@ -191,7 +207,7 @@ class RunDir:
             known[str(c["chain_id"])] = dict(c)
         info.update(
             format=FORMAT_VERSION,
-            fingerprint=dict(fingerprint),
+            fingerprint={**dict(fingerprint), "engines": merged_engines},
             sessions=sessions,
             chains=list(known.values()),
         )

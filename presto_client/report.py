@@ -1,0 +1,467 @@
+"""Summaries, tables and plots, computed from a run directory's files only (never re-running).
+
+The summary has one row per arm (engine × traversal): chains, calls, transitions per call,
+requests used/issued, acceptance rate, ε-certain share, model-call time, the engine's prefix-cache
+hit rate, and, when the engine also ran the ``sequential`` baseline, the speedup over it, paired
+per (prompt, chain): ``baseline model-call time / arm model-call time`` (same seed, so with
+``crn`` the same chain: identical work). Median and range over pairs are reported, with how many
+paired chains ended in the same response as the baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from presto_client.errors import PrestoError
+from presto_client.rundir import RunDir, iter_chain_records, latest_by_chain
+from presto_client.sampler_config import TRAVERSALS
+
+logger = logging.getLogger(__name__)
+
+BASELINE = "sequential"
+
+_SUM_KEYS = (
+    "transitions",
+    "rounds",
+    "extend_calls",
+    "tighten_calls",
+    "requests_issued",
+    "requests_used",
+    "sequences_issued",
+    "tokens_generated",
+    "accepts",
+    "eps_certain",
+    "ambiguous",
+    "model_call_time_s",
+    "extend_time_s",
+)
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return out if math.isfinite(out) else 0.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _arm_sort_key(arm: Mapping[str, Any], engine_order: Sequence[str]) -> tuple[int, int, str]:
+    engine = str(arm.get("engine", ""))
+    traversal = str(arm.get("traversal", ""))
+    e = engine_order.index(engine) if engine in engine_order else len(engine_order)
+    t = TRAVERSALS.index(traversal) if traversal in TRAVERSALS else len(TRAVERSALS)
+    return (e, t, str(arm.get("arm")))
+
+
+def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Per engine: prefix-cache hits / queries over every session's counter deltas."""
+    queries: dict[str, float] = {}
+    hits: dict[str, float] = {}
+    for row in metrics:
+        engine = str(row.get("engine"))
+        if row.get("queries") is None:
+            queries.setdefault(engine, 0.0)
+            continue
+        queries[engine] = queries.get(engine, 0.0) + _num(row.get("queries"))
+        hits[engine] = hits.get(engine, 0.0) + _num(row.get("hits"))
+    return {e: _ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
+
+
+def summarize(
+    samples: Iterable[Mapping[str, Any]],
+    metrics: Iterable[Mapping[str, Any]] = (),
+    *,
+    job: str | None = None,
+    engine_order: Sequence[str] = (),
+    baseline: str = BASELINE,
+) -> dict[str, Any]:
+    """The summary of a run from its sample lines (the last line of each chain counts)."""
+    latest = latest_by_chain(samples)
+    hit_rates = cache_hit_rates(metrics)
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for row in latest.values():
+        by_arm.setdefault(str(row.get("arm")), []).append(row)
+
+    def pair_key(row: Mapping[str, Any]) -> tuple[int, int]:
+        return (int(row.get("prompt_index", -1)), int(row.get("chain_index", -1)))
+
+    ok_by_arm = {
+        arm: {pair_key(r): r for r in rows if r.get("status") == "ok"}
+        for arm, rows in by_arm.items()
+    }
+    arms: list[dict[str, Any]] = []
+    per_prompt: dict[str, dict[str, float]] = {}
+    for arm, rows in by_arm.items():
+        first = rows[0]
+        engine = str(first.get("engine"))
+        traversal = str(first.get("traversal"))
+        ok = ok_by_arm[arm]
+        totals = {k: 0.0 for k in _SUM_KEYS}
+        chain_times: list[float] = []
+        for r in ok.values():
+            stats = r.get("stats") or {}
+            for k in _SUM_KEYS:
+                totals[k] += _num(stats.get(k))
+            chain_times.append(_num(stats.get("model_call_time_s")))
+        base_arm = f"{engine}/{baseline}"
+        speedups: list[float] = []
+        identical = 0
+        prompt_speedups: dict[int, list[float]] = {}
+        base = ok_by_arm.get(base_arm) if base_arm != arm else None
+        if base is not None:
+            for key, r in ok.items():
+                b = base.get(key)
+                if b is None:
+                    continue
+                s = _ratio(
+                    _num((b.get("stats") or {}).get("model_call_time_s")),
+                    _num((r.get("stats") or {}).get("model_call_time_s")),
+                )
+                identical += int(b.get("token_ids") == r.get("token_ids"))
+                if s is not None:
+                    speedups.append(s)
+                    prompt_speedups.setdefault(key[0], []).append(s)
+            per_prompt[arm] = {str(p): statistics.median(v) for p, v in prompt_speedups.items()}
+        rounds = totals["rounds"]
+        issued = totals["requests_issued"]
+        entry: dict[str, Any] = {
+            "arm": arm,
+            "engine": engine,
+            "sampler": first.get("sampler"),
+            "traversal": traversal,
+            "n_pf": None if traversal == baseline else first.get("n_pf"),
+            "chains_ok": len(ok),
+            "chains_failed": sum(1 for r in rows if r.get("status") != "ok"),
+            "calls": int(rounds),
+            "transitions": int(totals["transitions"]),
+            "transitions_per_call": _ratio(totals["transitions"], rounds),
+            "requests_per_call": _ratio(issued, rounds),
+            "requests_issued": int(issued),
+            "requests_used": int(totals["requests_used"]),
+            "wasted_share": _ratio(issued - totals["requests_used"], issued),
+            "extend_calls": int(totals["extend_calls"]),
+            "tighten_calls": int(totals["tighten_calls"]),
+            "tokens_generated": int(totals["tokens_generated"]),
+            "acceptance_rate": _ratio(totals["accepts"], totals["transitions"]),
+            "eps_certain_share": _ratio(totals["eps_certain"], totals["transitions"]),
+            "ambiguous": int(totals["ambiguous"]),
+            "model_call_time_s": totals["model_call_time_s"],
+            "model_call_time_median_s": statistics.median(chain_times) if chain_times else None,
+            "extend_time_s": totals["extend_time_s"],
+            "seconds_per_call": _ratio(totals["model_call_time_s"], rounds),
+            "prefix_cache_hit_rate": hit_rates.get(engine),
+            "baseline": base_arm if base is not None else None,
+            "speedup_median": statistics.median(speedups) if speedups else None,
+            "speedup_min": min(speedups) if speedups else None,
+            "speedup_max": max(speedups) if speedups else None,
+            "speedup_pairs": len(speedups) if base is not None else None,
+            "identical_to_baseline": identical if base is not None else None,
+        }
+        arms.append(entry)
+    arms.sort(key=lambda a: _arm_sort_key(a, engine_order))
+    return {
+        "job": job,
+        "chains_ok": sum(a["chains_ok"] for a in arms),
+        "chains_failed": sum(a["chains_failed"] for a in arms),
+        "arms": arms,
+        "speedup_per_prompt": per_prompt,
+    }
+
+
+def summarize_run(run: RunDir, baseline: str = BASELINE) -> dict[str, Any]:
+    """The summary of a saved run directory."""
+    info = run.run_info()
+    config = run.resolved_config()
+    engine_order = [str(e.get("name")) for e in config.get("engines", []) if isinstance(e, dict)]
+    return summarize(
+        run.samples(),
+        run.metrics(),
+        job=info.get("job") or config.get("name"),
+        engine_order=engine_order,
+        baseline=baseline,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{100 * float(value):.0f}%"
+    if kind == "x":
+        return f"{float(value):.2f}x"
+    if kind == "s":
+        return f"{float(value):.2f}"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _speedup_cell(arm: Mapping[str, Any]) -> str:
+    if arm.get("speedup_median") is None:
+        return "-" if arm.get("traversal") != BASELINE else "1.00x (base)"
+    return f"{arm['speedup_median']:.2f}x [{arm['speedup_min']:.2f}-{arm['speedup_max']:.2f}]"
+
+
+def _same_cell(arm: Mapping[str, Any]) -> str:
+    if arm.get("identical_to_baseline") is None:
+        return "-"
+    return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
+
+
+def summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per arm (the CSV)."""
+    return [dict(a) for a in summary.get("arms", [])]
+
+
+_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("arm", "arm"),
+    ("chains", "chains"),
+    ("calls", "calls"),
+    ("trans/call", "transitions_per_call"),
+    ("req used/issued", "requests"),
+    ("accept", "acceptance_rate"),
+    ("eps-certain", "eps_certain_share"),
+    ("model time s", "model_call_time_s"),
+    ("speedup vs sequential", "speedup"),
+    ("same output", "same"),
+    ("cache hit", "prefix_cache_hit_rate"),
+)
+
+
+def _cells(arm: Mapping[str, Any]) -> dict[str, str]:
+    failed = arm.get("chains_failed") or 0
+    return {
+        "arm": str(arm.get("arm")),
+        "chains": f"{arm.get('chains_ok')}" + (f" (+{failed} failed)" if failed else ""),
+        "calls": _fmt(arm.get("calls")),
+        "transitions_per_call": _fmt(arm.get("transitions_per_call")),
+        "requests": f"{arm.get('requests_used')}/{arm.get('requests_issued')}",
+        "acceptance_rate": _fmt(arm.get("acceptance_rate"), "pct"),
+        "eps_certain_share": _fmt(arm.get("eps_certain_share"), "pct"),
+        "model_call_time_s": _fmt(arm.get("model_call_time_s"), "s"),
+        "speedup": _speedup_cell(arm),
+        "same": _same_cell(arm),
+        "prefix_cache_hit_rate": _fmt(arm.get("prefix_cache_hit_rate"), "pct"),
+    }
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain aligned text table (first column left-aligned, the rest right-aligned)."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells)]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+def format_summary_table(summary: Mapping[str, Any]) -> str:
+    """The per-arm summary table, one arm a row."""
+    arms = summary.get("arms", [])
+    if not arms:
+        return "(no finished chains)"
+    header = [h for h, _ in _TABLE_COLUMNS]
+    rows = []
+    for arm in arms:
+        cells = _cells(arm)
+        rows.append([cells[k] for _, k in _TABLE_COLUMNS])
+    return render_table(header, rows)
+
+
+_SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (
+    ("engine", "engine", ""),
+    ("traversal", "traversal", ""),
+    ("chains ok", "chains_ok", ""),
+    ("chains failed", "chains_failed", ""),
+    ("model-call time, s", "model_call_time_s", "s"),
+    ("median per chain, s", "model_call_time_median_s", "s"),
+    ("speedup vs sequential", "", "speedup"),
+    ("same output as baseline", "", "same"),
+    ("calls", "calls", ""),
+    ("transitions per call", "transitions_per_call", ""),
+    ("requests per call", "requests_per_call", ""),
+    ("requests used/issued", "", "requests"),
+    ("wasted requests", "wasted_share", "pct"),
+    ("seconds per call", "seconds_per_call", "s"),
+    ("acceptance rate", "acceptance_rate", "pct"),
+    ("eps-certain decisions", "eps_certain_share", "pct"),
+    ("tokens generated", "tokens_generated", ""),
+    ("prefix-cache hit rate", "prefix_cache_hit_rate", "pct"),
+)
+
+
+def format_side_by_side(summary: Mapping[str, Any]) -> str:
+    """Arms as columns, metrics as rows (``presto compare``)."""
+    arms = summary.get("arms", [])
+    if not arms:
+        return "(no finished chains)"
+    header = ["", *(str(a["arm"]) for a in arms)]
+    rows: list[list[str]] = []
+    for label, key, kind in _SIDE_BY_SIDE:
+        row = [label]
+        for arm in arms:
+            cells = _cells(arm)
+            if kind in ("speedup", "same", "requests"):
+                row.append(cells[{"speedup": "speedup", "same": "same"}.get(kind, "requests")])
+            else:
+                row.append(_fmt(arm.get(key), kind))
+        rows.append(row)
+    return render_table(header, rows)
+
+
+def format_speedup_per_prompt(summary: Mapping[str, Any]) -> str:
+    """Median speedup per prompt (rows) and arm (columns); empty when no baseline ran."""
+    per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
+    arms = [a for a in per_prompt if per_prompt[a]]
+    if not arms:
+        return ""
+    prompts = sorted({int(p) for a in arms for p in per_prompt[a]})
+    rows = [[f"prompt {p}", *(_fmt(per_prompt[a].get(str(p)), "x") for a in arms)] for p in prompts]
+    return render_table(["speedup", *arms], rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PrestoError(
+            "plots need matplotlib: pip install 'presto-client[plots]' (tables were still printed)"
+        ) from None
+    return plt
+
+
+def cumulative_curves(
+    records: Iterable[Mapping[str, Any]], samples: Iterable[Mapping[str, Any]]
+) -> dict[str, tuple[list[int], list[float]]]:
+    """Per arm: mean cumulative model-call time (s) to complete n transitions, n = 0..N.
+
+    Extension calls are left out (they are counted apart, as in the summary); the mean is over
+    the chains of the arm that finished ok.
+    """
+    ok = {cid: row for cid, row in latest_by_chain(samples).items() if row.get("status") == "ok"}
+    per_arm: dict[str, list[list[float]]] = {}
+    for cid, rows in iter_chain_records(records, set(ok)):
+        arm = str(ok[cid].get("arm"))
+        time_at: list[float] = [0.0]  # time_at[n]: time when n transitions were done
+        elapsed = 0.0
+        done = 0
+        for r in sorted(rows, key=lambda r: int(r.get("round", 0))):
+            if r.get("kind") == "extend":
+                continue
+            elapsed += _num(r.get("wall_s"))
+            step = int(_num(r.get("transitions")))
+            for _ in range(step):
+                done += 1
+                time_at.append(elapsed)
+        per_arm.setdefault(arm, []).append(time_at)
+    curves: dict[str, tuple[list[int], list[float]]] = {}
+    for arm, series in per_arm.items():
+        n = min(len(s) for s in series)
+        xs = list(range(n))
+        ys = [statistics.fmean(s[i] for s in series) for i in xs]
+        curves[arm] = (xs, ys)
+    return curves
+
+
+def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
+    """PNG plots of a saved run; returns the files written."""
+    plt = _pyplot()
+    out = out_dir or (run.path / "plots")
+    out.mkdir(parents=True, exist_ok=True)
+    samples = run.samples()
+    records = run.records()
+    summary = summarize_run(run)
+    arms = [str(a["arm"]) for a in summary["arms"]]
+    written: list[Path] = []
+
+    curves = cumulative_curves(records, samples)
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for arm in arms:
+            if arm in curves:
+                xs, ys = curves[arm]
+                ax.step(xs, ys, where="post", label=arm)
+        ax.set_xlabel("completed transitions")
+        ax.set_ylabel("cumulative model-call time, s (mean over chains)")
+        ax.set_title("Model-call time against completed transitions")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+        path = out / "cumulative_time.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
+    ok = [r for r in latest_by_chain(samples).values() if r.get("status") == "ok"]
+    per_arm_tpc: dict[str, list[float]] = {}
+    for r in ok:
+        tpc = (r.get("stats") or {}).get("transitions_per_call")
+        if tpc is not None:
+            per_arm_tpc.setdefault(str(r.get("arm")), []).append(_num(tpc))
+    if per_arm_tpc:
+        labels = [a for a in arms if a in per_arm_tpc]
+        fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 4.5))
+        ax.boxplot([per_arm_tpc[a] for a in labels])
+        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right")
+        means = [statistics.fmean(per_arm_tpc[a]) for a in labels]
+        ax.plot(range(1, len(labels) + 1), means, "o", label="mean")
+        ax.set_ylabel("transitions per call (per chain)")
+        ax.set_title("Transitions per engine call")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3, axis="y")
+        path = out / "transitions_per_call.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
+    per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
+    sp_arms = [a for a in arms if per_prompt.get(a)]
+    if sp_arms:
+        prompts = sorted({int(p) for a in sp_arms for p in per_prompt[a]})
+        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(prompts) * len(sp_arms) + 3), 4.5))
+        width = 0.8 / len(sp_arms)
+        for j, arm in enumerate(sp_arms):
+            xs = [i + (j - (len(sp_arms) - 1) / 2) * width for i in range(len(prompts))]
+            ys = [per_prompt[arm].get(str(p), float("nan")) for p in prompts]
+            ax.bar(xs, ys, width=width, label=arm)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(prompts)), [str(p) for p in prompts])
+        ax.set_xlabel("prompt")
+        ax.set_ylabel("speedup over sequential (median over chains)")
+        ax.set_title("Speedup per prompt")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3, axis="y")
+        path = out / "speedup_per_prompt.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
