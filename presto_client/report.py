@@ -42,7 +42,7 @@ _SUM_KEYS = (
 )
 
 
-def _num(value: Any) -> float:
+def as_number(value: Any) -> float:
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -71,8 +71,8 @@ def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | N
         if row.get("queries") is None:
             queries.setdefault(engine, 0.0)
             continue
-        queries[engine] = queries.get(engine, 0.0) + _num(row.get("queries"))
-        hits[engine] = hits.get(engine, 0.0) + _num(row.get("hits"))
+        queries[engine] = queries.get(engine, 0.0) + as_number(row.get("queries"))
+        hits[engine] = hits.get(engine, 0.0) + as_number(row.get("hits"))
     return {e: _ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
 
 
@@ -110,8 +110,8 @@ def summarize(
         for r in ok.values():
             stats = r.get("stats") or {}
             for k in _SUM_KEYS:
-                totals[k] += _num(stats.get(k))
-            chain_times.append(_num(stats.get("model_call_time_s")))
+                totals[k] += as_number(stats.get(k))
+            chain_times.append(as_number(stats.get("model_call_time_s")))
         base_arm = f"{engine}/{baseline}"
         speedups: list[float] = []
         identical = 0
@@ -123,8 +123,8 @@ def summarize(
                 if b is None:
                     continue
                 s = _ratio(
-                    _num((b.get("stats") or {}).get("model_call_time_s")),
-                    _num((r.get("stats") or {}).get("model_call_time_s")),
+                    as_number((b.get("stats") or {}).get("model_call_time_s")),
+                    as_number((r.get("stats") or {}).get("model_call_time_s")),
                 )
                 identical += int(b.get("token_ids") == r.get("token_ids"))
                 if s is not None:
@@ -331,7 +331,8 @@ def format_side_by_side(summary: Mapping[str, Any]) -> str:
 def format_speedup_per_prompt(summary: Mapping[str, Any]) -> str:
     """Median speedup per prompt (rows) and arm (columns); empty when no baseline ran."""
     per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
-    arms = [a for a in per_prompt if per_prompt[a]]
+    order = [str(a["arm"]) for a in summary.get("arms", [])]
+    arms = [a for a in order if per_prompt.get(a)]
     if not arms:
         return ""
     prompts = sorted({int(p) for a in arms for p in per_prompt[a]})
@@ -375,8 +376,8 @@ def cumulative_curves(
         for r in sorted(rows, key=lambda r: int(r.get("round", 0))):
             if r.get("kind") == "extend":
                 continue
-            elapsed += _num(r.get("wall_s"))
-            step = int(_num(r.get("transitions")))
+            elapsed += as_number(r.get("wall_s"))
+            step = int(as_number(r.get("transitions")))
             for _ in range(step):
                 done += 1
                 time_at.append(elapsed)
@@ -424,7 +425,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
     for r in ok:
         tpc = (r.get("stats") or {}).get("transitions_per_call")
         if tpc is not None:
-            per_arm_tpc.setdefault(str(r.get("arm")), []).append(_num(tpc))
+            per_arm_tpc.setdefault(str(r.get("arm")), []).append(as_number(tpc))
     if per_arm_tpc:
         labels = [a for a in arms if a in per_arm_tpc]
         fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 4.5))

@@ -1,0 +1,523 @@
+"""``presto``: run power-sampling jobs, compare engines and traversals, report on saved runs.
+
+The only module that writes to the terminal. Library code logs through ``logging``; this module
+configures the handler (``-v``: info, ``-vv``: debug, ``-q``: errors only) and turns errors into
+one clear message and a non-zero exit (a traceback only with ``-v``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from presto_client.errors import ConfigError, PrestoError
+from presto_client.orchestrator import ChainOutcome, ChainSpec
+from presto_client.stats import RoundRecord
+
+logger = logging.getLogger("presto_client.cli")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+_EPILOG = """\
+examples:
+  presto run configs/demo.yaml                      run the demo on the embedded CPU engine
+  presto run configs/vllm.yaml --set engines[0].base_url=http://gpu:8000 --set sampler.alpha=4
+  presto compare configs/demo.yaml                  the demo's arms side by side
+  presto compare configs/vllm_vs_sglang.yaml --traversals sequential,crn
+  presto report runs/demo                           tables and PNG plots of a saved run
+  presto validate configs/vllm.yaml --probe         check a config (and the servers)
+  presto serve-embedded --port 8001                 serve the embedded engine (vLLM dialect)
+
+Rerunning `presto run` on the same output directory resumes it: finished chains are skipped.
+"""
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during a job, already reported to the user."""
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("presto-client")
+    except Exception:
+        return "unknown"
+
+
+# --------------------------------------------------------------------------------------------
+# Argument parsing
+# --------------------------------------------------------------------------------------------
+
+
+def _common(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="more logging (-v info, -vv debug); tracebacks on errors",
+    )
+    sub.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="only errors (and the final table)",
+    )
+
+
+def _job_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("config", metavar="CONFIG", help="job config (YAML)")
+    sub.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set sampler.alpha=4 --set engines[0].base_url=...",
+    )
+    sub.add_argument("--output", "-o", metavar="DIR", help="run directory (overrides output_dir)")
+    sub.add_argument("--seed", type=int, metavar="N", help="root seed (overrides seed)")
+    sub.add_argument(
+        "--max-concurrency",
+        type=int,
+        metavar="N",
+        help="most requests in flight over all engines (overrides max_concurrency)",
+    )
+    sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sub.add_argument("--no-probe", action="store_true", help="skip the engines' start-up probe")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="presto",
+        description="Fast, exact LLM power sampling (PowerMH, EntropyCut, MultiTryMH) with "
+        "PreSTO prefetching, against vLLM / SGLang servers or an embedded CPU engine.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"presto {_version()}")
+    _common(parser)
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = subs.add_parser(
+        "run",
+        help="run (or resume) a job and print its summary",
+        description="Run the job's chains (prompts x chains x engines x traversals), write the "
+        "run directory, print the summary table. Rerunning resumes.",
+    )
+    _job_options(run)
+    _common(run)
+
+    compare = subs.add_parser(
+        "compare",
+        help="run arms side by side (same prompts and seeds) and compare them",
+        description="Run the same prompts and seeds on several engines and/or traversals, arms "
+        "interleaved chain by chain, then print a side-by-side table.",
+    )
+    _job_options(compare)
+    compare.add_argument(
+        "--traversals", metavar="LIST", help="comma-separated traversals (default: the config's)"
+    )
+    compare.add_argument(
+        "--engines", metavar="LIST", help="comma-separated engine names (default: all)"
+    )
+    compare.add_argument(
+        "--baseline",
+        metavar="ARM",
+        help="also show paired speedups against this arm (e.g. vllm/sequential)",
+    )
+    _common(compare)
+
+    report = subs.add_parser(
+        "report",
+        help="tables and PNG plots from saved runs (never re-runs)",
+        description="Read run directories and print their summary tables; write PNG plots "
+        "(cumulative model-call time vs completed transitions, transitions per call, speedup "
+        "per prompt) into RUN_DIR/plots (or --output).",
+    )
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    report.add_argument("--output", "-o", metavar="DIR", help="where to write the plots")
+    report.add_argument("--no-plots", action="store_true", help="tables only")
+    _common(report)
+
+    validate = subs.add_parser(
+        "validate",
+        help="check a config and say what would run",
+        description="Parse and validate a job config and describe the chains it would run.",
+    )
+    validate.add_argument("config", metavar="CONFIG", help="job config (YAML)")
+    validate.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE"
+    )
+    validate.add_argument("--output", "-o", metavar="DIR", help="run directory to check")
+    validate.add_argument(
+        "--probe", action="store_true", help="also contact the engines and probe them"
+    )
+    _common(validate)
+
+    serve = subs.add_parser(
+        "serve-embedded",
+        help="serve the embedded CPU engine (vLLM dialect) on loopback",
+        description="Serve SmolLM2-135M on the CPU with the vLLM HTTP dialect. Options are "
+        "passed on to the embedded server (see presto serve-embedded -- --help).",
+        add_help=False,
+    )
+    serve.add_argument("serve_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# Terminal helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _configure_logging(verbose: int, quiet: bool) -> None:
+    level = logging.WARNING
+    if quiet:
+        level = logging.ERROR
+    elif verbose >= 2:
+        level = logging.DEBUG
+    elif verbose == 1:
+        level = logging.INFO
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_presto", False):
+            root.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler._presto = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("httpx", "httpcore", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+class ProgressBar:
+    """A tqdm bar over a job's chains (a :class:`~presto_client.orchestrator.ChainSink`)."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.bar: Any = None
+        self.failed = 0
+
+    def start(self, total: int, finished: int) -> None:
+        if not self.enabled or finished >= total:
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total,
+            initial=finished,
+            unit="chain",
+            desc="chains",
+            file=self.stream,
+            dynamic_ncols=True,
+            leave=False,
+        )
+
+    def chain_started(self, spec: ChainSpec, replica: int) -> None:
+        return None
+
+    def round_done(self, spec: ChainSpec, record: RoundRecord, queue_s: float) -> None:
+        if self.bar is not None and record.kind == "propose":
+            self.bar.set_postfix_str(spec.arm, refresh=False)
+
+    def chain_done(self, outcome: ChainOutcome) -> None:
+        if self.bar is None:
+            return
+        if not outcome.ok:
+            self.failed += 1
+            self.bar.set_postfix_str(f"{self.failed} failed", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    @contextlib.contextmanager
+    def logging_redirected(self) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with logging_redirect_tqdm():
+            yield
+
+
+def _progress_enabled(args: argparse.Namespace) -> bool:
+    return not args.no_progress and sys.stderr.isatty() and not getattr(args, "quiet", False)
+
+
+def _split_list(value: str | None) -> list[str] | None:
+    if not value:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from presto_client.job_config import load_job_config
+
+    overrides = list(args.overrides)
+    if getattr(args, "output", None):
+        overrides.append(f"output_dir={args.output}")
+    if getattr(args, "seed", None) is not None:
+        overrides.append(f"seed={args.seed}")
+    if getattr(args, "max_concurrency", None) is not None:
+        overrides.append(f"max_concurrency={args.max_concurrency}")
+    return load_job_config(args.config, overrides)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
+    from presto_client.job import run_job
+
+    progress = ProgressBar(_progress_enabled(args))
+    state: dict[str, int] = {}
+
+    def on_start(total: int, finished: int) -> None:
+        state.update(total=total, finished=finished)
+        if finished and not getattr(args, "quiet", False):
+            print(
+                f"resuming {plan.output_dir}: {finished} of {total} chain(s) already finished",
+                file=sys.stderr,
+            )
+        progress.start(total, finished)
+
+    try:
+        with progress.logging_redirected():
+            return run_job(plan, sinks=[progress], probe=not args.no_probe, on_start=on_start)
+    except KeyboardInterrupt:
+        progress.close()
+        from presto_client.rundir import RunDir, finished_ok
+
+        done = len(finished_ok(RunDir(plan.output_dir).samples()))
+        print(
+            f"interrupted: {done} of {state.get('total', len(plan.chains))} chain(s) finished "
+            f"are saved in {plan.output_dir}; rerun the same command to resume",
+            file=sys.stderr,
+        )
+        raise _Interrupted from None
+    finally:
+        progress.close()
+
+
+def _result_footer(result: Any) -> str:
+    parts = [f"{result.completed} chain(s) run"]
+    if result.skipped:
+        parts.append(f"{result.skipped} already finished")
+    if result.failed:
+        parts.append(f"{result.failed} failed (see samples.jsonl)")
+    return (
+        f"{', '.join(parts)} in {result.wall_s:.1f} s; run directory: {result.run_dir}\n"
+        f"plots: presto report {result.run_dir}"
+    )
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.job import make_plan
+    from presto_client.report import format_summary_table
+
+    cfg = _load(args)
+    plan = make_plan(cfg)
+    result = _execute(args, plan, out)
+    print(format_summary_table(result.summary), file=out)
+    print(file=out)
+    print(_result_footer(result), file=out)
+    return EXIT_ERROR if result.failed and not result.completed else EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.compare import check_baseline, compare_plan, format_comparison
+    from presto_client.rundir import RunDir
+
+    cfg = _load(args)
+    plan = compare_plan(
+        cfg, engines=_split_list(args.engines), traversals=_split_list(args.traversals)
+    )
+    check_baseline(plan.arms, args.baseline)
+    result = _execute(args, plan, out)
+    arms = {a.arm for a in plan.arms}
+    summary = dict(result.summary)
+    summary["arms"] = [a for a in summary.get("arms", []) if a["arm"] in arms]
+    samples = RunDir(result.run_dir).samples()
+    print(format_comparison(summary, samples, args.baseline), file=out)
+    print(file=out)
+    print(_result_footer(result), file=out)
+    return EXIT_ERROR if result.failed and not result.completed else EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.report import (
+        format_speedup_per_prompt,
+        format_summary_table,
+        render_table,
+        summarize_run,
+        write_plots,
+    )
+    from presto_client.rundir import RunDir
+
+    combined: list[list[str]] = []
+    for i, d in enumerate(args.run_dirs):
+        run = RunDir(d)
+        summary = summarize_run(run)
+        print(
+            f"== {run.path} ({summary['chains_ok']} chain(s) ok, "
+            f"{summary['chains_failed']} failed)",
+            file=out,
+        )
+        print(format_summary_table(summary), file=out)
+        per_prompt = format_speedup_per_prompt(summary)
+        if per_prompt:
+            print(file=out)
+            print(per_prompt, file=out)
+        if not args.no_plots:
+            target = None
+            if args.output:
+                target = Path(args.output)
+                if len(args.run_dirs) > 1:
+                    target = target / f"{i:02d}_{run.path.name}"
+            files = write_plots(run, target)
+            for f in files:
+                print(f"wrote {f}", file=out)
+        print(file=out)
+        for arm in summary["arms"]:
+            med = arm.get("speedup_median")
+            combined.append(
+                [
+                    str(run.path),
+                    str(arm["arm"]),
+                    str(arm["chains_ok"]),
+                    "-"
+                    if arm.get("transitions_per_call") is None
+                    else f"{arm['transitions_per_call']:.2f}",
+                    f"{arm['model_call_time_s']:.2f}",
+                    "-" if med is None else f"{med:.2f}x",
+                ]
+            )
+    if len(args.run_dirs) > 1 and combined:
+        print("== all runs", file=out)
+        print(
+            render_table(
+                ["run", "arm", "chains", "trans/call", "model time s", "speedup"], combined
+            ),
+            file=out,
+        )
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.job import describe_plan, make_plan
+    from presto_client.rundir import finished_ok, read_jsonl
+
+    cfg = _load(args)
+    plan = make_plan(cfg)
+    samples = plan.output_dir / "samples.jsonl"
+    done = {c.chain_id for c in plan.chains} & set(finished_ok(read_jsonl(samples)))
+    print(f"{args.config}: valid", file=out)
+    print(describe_plan(plan, finished=len(done)), file=out)
+    if args.probe:
+        from presto_client.job import open_engines, start_embedded_servers
+
+        async def probe_all() -> list[str]:
+            lines: list[str] = []
+            async with contextlib.AsyncExitStack() as astack:
+                engines = await open_engines(cfg, astack, embedded_urls=urls, probe=True)
+                for name, handle in engines.items():
+                    if not handle.probes:
+                        lines.append(f"  {name}: ok (in-process)")
+                    for report in handle.probes:
+                        extra = ""
+                        if report.seeds_honoured is not None:
+                            extra = f", seeds honoured: {report.seeds_honoured}"
+                        lines.append(
+                            f"  {name} {report.base_url}: ok, model {report.model}, "
+                            f"logprob mode {report.logprob_mode}{extra}"
+                        )
+                        lines.extend(f"    warning: {w}" for w in report.warnings)
+            return lines
+
+        with contextlib.ExitStack() as stack:
+            urls = start_embedded_servers(cfg, stack)
+            lines = asyncio.run(probe_all())
+        print("probe:", file=out)
+        print("\n".join(lines), file=out)
+    return EXIT_OK
+
+
+def cmd_serve_embedded(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        from presto_client.embedded.__main__ import main as serve_main
+    except ImportError as exc:
+        raise ConfigError(
+            f"the embedded engine is not available ({exc}); install it with "
+            "pip install 'presto-client[embedded]'"
+        ) from None
+    rest = list(args.serve_args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    return int(serve_main(rest) or 0)
+
+
+_COMMANDS = {
+    "run": cmd_run,
+    "compare": cmd_compare,
+    "report": cmd_report,
+    "validate": cmd_validate,
+    "serve-embedded": cmd_serve_embedded,
+}
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
+    """The ``presto`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    stream = out or sys.stdout
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    quiet = bool(getattr(args, "quiet", False))
+    if args.command is None:
+        parser.print_help(stream)
+        return EXIT_CONFIG
+    _configure_logging(verbose, quiet)
+    start = time.perf_counter()
+    try:
+        status = _COMMANDS[args.command](args, stream)
+    except ConfigError as exc:
+        if verbose:
+            logger.exception("configuration error")
+        print(f"presto: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except PrestoError as exc:
+        if verbose:
+            logger.exception("error")
+        print(f"presto: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except _Interrupted:
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("presto: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    logger.info("%s took %.1f s", args.command, time.perf_counter() - start)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

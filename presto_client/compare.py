@@ -1,0 +1,97 @@
+"""``presto compare``: the same prompts and seeds on several engines and/or traversals.
+
+A comparison is a job whose arms are chosen on the command line (or the config's engines ×
+traversals). Its chains are planned like any job's: for every (prompt, chain) all arms run one
+after another, with the first arm rotating, so that machine drift hits all arms alike; every arm
+of a (prompt, chain) has the same seed. The result is a side-by-side table (arms as columns), with
+paired time ratios against a chosen baseline arm (by default each engine's ``sequential`` arm).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from presto_client.errors import ConfigError
+from presto_client.job import Arm, JobPlan, make_plan
+from presto_client.job_config import JobConfig
+from presto_client.report import (
+    as_number,
+    format_side_by_side,
+    format_speedup_per_prompt,
+    render_table,
+)
+from presto_client.rundir import latest_by_chain
+
+
+def compare_plan(
+    cfg: JobConfig,
+    *,
+    engines: Sequence[str] | None = None,
+    traversals: Sequence[str] | None = None,
+) -> JobPlan:
+    """The plan of a comparison; at least two arms."""
+    plan = make_plan(cfg, engines=engines, traversals=traversals)
+    if len(plan.arms) < 2:
+        raise ConfigError(
+            f"compare needs at least two arms, the job has {len(plan.arms)} "
+            f"({', '.join(a.arm for a in plan.arms)}): list several engines in the config, or "
+            "several traversals (--traversals sequential,crn)"
+        )
+    return plan
+
+
+def check_baseline(arms: Sequence[Arm], baseline: str | None) -> None:
+    if baseline is not None and baseline not in {a.arm for a in arms}:
+        raise ConfigError(
+            f"--baseline {baseline!r} is not an arm of this comparison; arms: "
+            f"{', '.join(a.arm for a in arms)}"
+        )
+
+
+def paired_ratios(
+    samples: Iterable[Mapping[str, Any]], baseline_arm: str
+) -> dict[str, dict[str, float | int]]:
+    """Per arm: ``baseline time / arm time`` over (prompt, chain) pairs both finished ok."""
+    ok = [r for r in latest_by_chain(samples).values() if r.get("status") == "ok"]
+    by_arm: dict[str, dict[tuple[int, int], float]] = {}
+    for r in ok:
+        key = (int(r.get("prompt_index", -1)), int(r.get("chain_index", -1)))
+        t = as_number((r.get("stats") or {}).get("model_call_time_s"))
+        by_arm.setdefault(str(r.get("arm")), {})[key] = t
+    base = by_arm.get(baseline_arm, {})
+    out: dict[str, dict[str, float | int]] = {}
+    for arm, times in by_arm.items():
+        ratios = [base[k] / t for k, t in times.items() if k in base and t > 0]
+        if ratios:
+            out[arm] = {
+                "median": statistics.median(ratios),
+                "min": min(ratios),
+                "max": max(ratios),
+                "pairs": len(ratios),
+            }
+    return out
+
+
+def format_comparison(
+    summary: Mapping[str, Any],
+    samples: Iterable[Mapping[str, Any]] = (),
+    baseline: str | None = None,
+) -> str:
+    """Side-by-side table; with ``baseline``, a row of paired speedups against that arm."""
+    parts = [format_side_by_side(summary)]
+    if baseline is not None:
+        ratios = paired_ratios(samples, baseline)
+        arms = [str(a["arm"]) for a in summary.get("arms", [])]
+        cells = []
+        for arm in arms:
+            r = ratios.get(arm)
+            cells.append(
+                "-" if r is None else f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
+            )
+        parts.append(render_table([f"speedup vs {baseline}", *arms], [["(paired)", *cells]]))
+    per_prompt = format_speedup_per_prompt(summary)
+    if per_prompt:
+        parts.append(per_prompt)
+    return "\n\n".join(parts)
