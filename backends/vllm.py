@@ -220,7 +220,8 @@ class VllmAdapter(Adapter):
         start = len(prefix)
         values: list[float] = []
         rows: list[list[tuple[int, float]]] = []
-        k = top_k if top_k > 0 else 10**9
+        # top_k == -1: the whole vocabulary; 0: no top-K (only the prompt token is listed).
+        k = top_k if top_k >= 0 else 10**9
         for j, token in enumerate(token_ids):
             entry = plp[start + j]
             if not isinstance(entry, dict):
@@ -234,8 +235,9 @@ class VllmAdapter(Adapter):
                 rank = info.get("rank") if isinstance(info, dict) else None
                 if tid == int(token):
                     found = lp
-                    # The prompt token is listed in addition to the top-K; keep it out of the
-                    # top set unless its rank says it belongs there.
+                    # The prompt token is listed in addition to the top-K: it belongs to the
+                    # top set only when its rank says so (sorting and cutting to K would drop
+                    # it anyway when the rank is missing).
                     if isinstance(rank, int) and rank > k:
                         continue
                 row.append((tid, lp))
@@ -245,7 +247,7 @@ class VllmAdapter(Adapter):
                 )
             values.append(found)
             rows.append(row)
-        width = top_k if top_k > 0 else max((len(r) for r in rows), default=0)
+        width = top_k if top_k >= 0 else max((len(r) for r in rows), default=0)
         top_ids, top_lps = topk_rows(rows, width, label=label)
         out = TokenLogprobs(
             np.asarray(token_ids, dtype=np.int64), np.asarray(values), top_ids, top_lps
