@@ -1,0 +1,187 @@
+"""Exactness on enumerable states: detailed balance, and the law of finished chains.
+
+The reference model has 2–3 tokens and responses of 3–5 tokens, so ``π_α``, each kernel's
+transition matrix and the exact law after ``K`` transitions are all computed by enumeration
+(:mod:`presto_client.exact`). Chains run with fixed seeds, so every test is deterministic;
+the significance threshold (p < 1e-4) is chosen so a wrong kernel fails (the negative controls
+below show that it does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from presto_client import exact
+from presto_client.kernels import EntropyCut, MultiTryMH, PowerMH
+from presto_client.reference import ReferenceEngine, ReferenceModel
+from presto_client.runners import PrestoRunner, run_chain
+from presto_client.sampler_config import TRAVERSALS, SamplerConfig
+
+PROMPT = (0,)
+P_THRESHOLD = 1e-4
+
+
+def _flow_asymmetry(model: ReferenceModel, config: SamplerConfig) -> tuple[float, float]:
+    matrix = exact.kernel_matrix(model, PROMPT, config.block_size, config)
+    pi = exact.target(model, PROMPT, config.block_size, config.alpha)
+    flow = pi[:, None] * matrix
+    return float(np.abs(flow - flow.T).max()), float(np.abs(matrix.sum(axis=1) - 1).max())
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplerConfig(sampler="power_mh", block_size=3),
+        SamplerConfig(sampler="power_mh", block_size=3, tau=1.0),
+        SamplerConfig(sampler="entropy_cut", block_size=3),
+        SamplerConfig(sampler="multi_try_mh", block_size=3, k_try=2),
+        SamplerConfig(sampler="multi_try_mh", block_size=3, k_try=3, temperatures=(0.25, 1.0)),
+    ],
+    ids=["power_mh", "power_mh_tau1", "entropy_cut", "multi_try_k2", "multi_try_k3"],
+)
+def test_one_step_kernel_satisfies_detailed_balance(config: SamplerConfig) -> None:
+    model = ReferenceModel(3, seed=1)
+    asymmetry, row_error = _flow_asymmetry(model, config)
+    assert row_error < 1e-12
+    assert asymmetry < 1e-14
+
+
+class _NoCutCorrection(EntropyCut):
+    """EntropyCut without the ``log λ(c; y) − log λ(c; x)`` term: not reversible."""
+
+    def evaluate(self, state, cut, proposals, draws):  # type: ignore[no-untyped-def]
+        return PowerMH.evaluate(self, state, cut, proposals, draws)
+
+
+def test_detailed_balance_check_catches_a_missing_cut_correction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = ReferenceModel(3, seed=1)
+    config = SamplerConfig(sampler="entropy_cut", block_size=3)
+    monkeypatch.setattr(exact, "make_kernel", lambda cfg: _NoCutCorrection(cfg))
+    asymmetry, _ = _flow_asymmetry(model, config)
+    assert asymmetry > 1e-8  # correct kernels stay below 1e-14
+
+
+def test_detailed_balance_check_catches_a_wrong_multi_try_proposal_density(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Weighting candidates by one temperature's density instead of the mixture."""
+    model = ReferenceModel(3, seed=1)
+    config = SamplerConfig(sampler="multi_try_mh", block_size=3, k_try=2)
+
+    def first_temperature_only(self: MultiTryMH, scores):  # type: ignore[no-untyped-def]
+        return float(scores.logq_lo[:, 0].sum()), float(scores.logq_hi[:, 0].sum())
+
+    monkeypatch.setattr(MultiTryMH, "_log_q_mix", first_temperature_only)
+    asymmetry, _ = _flow_asymmetry(model, config)
+    assert asymmetry > 1e-8
+
+
+def test_exact_law_converges_to_the_power_target() -> None:
+    model = ReferenceModel(3, seed=1)
+    config = SamplerConfig(sampler="entropy_cut", block_size=3, steps_per_block=60)
+    law = exact.law_after(model, PROMPT, config)
+    pi = exact.target(model, PROMPT, 3, config.alpha)
+    assert 0.5 * np.abs(law - pi).sum() < 1e-3
+    initial = exact.law_after(model, PROMPT, SamplerConfig(block_size=3, steps_per_block=0))
+    assert 0.5 * np.abs(initial - pi).sum() > 0.2  # the chain really moved the law
+
+
+async def _final_state_counts(
+    model: ReferenceModel,
+    config: SamplerConfig,
+    traversal: str,
+    chains: int,
+    runner_cls: type[PrestoRunner] | None = None,
+) -> np.ndarray:
+    engine = ReferenceEngine(model)
+    counts = np.zeros(model.vocab_size**config.response_length)
+    for seed in range(chains):
+        if runner_cls is None:
+            result = await run_chain(engine, PROMPT, config, traversal=traversal, n_pf=8, seed=seed)
+        else:
+            result = await runner_cls(engine, config, seed, None, traversal=traversal,
+                                      n_pf=8).run(PROMPT)
+        counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
+    return counts
+
+
+DISTRIBUTION_CASES = {
+    "power_mh": (ReferenceModel(3, seed=1), SamplerConfig(block_size=3, steps_per_block=8)),
+    "power_mh_tau1": (
+        ReferenceModel(3, seed=1),
+        SamplerConfig(block_size=3, steps_per_block=8, tau=1.0),
+    ),
+    "entropy_cut": (
+        ReferenceModel(2, seed=1),
+        SamplerConfig(sampler="entropy_cut", block_size=5, steps_per_block=8),
+    ),
+    "multi_try_mh": (
+        ReferenceModel(3, seed=1),
+        SamplerConfig(sampler="multi_try_mh", block_size=3, steps_per_block=8, k_try=2),
+    ),
+    "power_mh_two_blocks": (
+        ReferenceModel(3, seed=2),
+        SamplerConfig(block_size=2, num_blocks=2, steps_per_block=4, tau=1.0),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("traversal", TRAVERSALS)
+@pytest.mark.parametrize("case", sorted(DISTRIBUTION_CASES))
+async def test_final_states_follow_the_exact_law(case: str, traversal: str) -> None:
+    model, config = DISTRIBUTION_CASES[case]
+    law = exact.law_after(model, PROMPT, config)
+    counts = await _final_state_counts(model, config, traversal, chains=1500)
+    p_value = exact.chi_square_test(counts, law)
+    assert p_value > P_THRESHOLD, f"{case}/{traversal}: p = {p_value:.3g}"
+
+
+class _ScoresAgainstTheRoot(PrestoRunner):
+    """The reference code's bug: every ``log A`` of a round is computed against its root."""
+
+    async def _advance(self, root, block, k):  # type: ignore[no-untyped-def]
+        self._root = root
+        return await super()._advance(root, block, k)
+
+    async def _decide(self, state, cut, proposals, draws, block, k):  # type: ignore[no-untyped-def]
+        return await super()._decide(self._root, cut, proposals, draws, block, k)
+
+
+class _CutsFromTheRootLaw(PrestoRunner):
+    """The reference code's EntropyCut bug: speculated cuts are used without verification."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.kernel.state_dependent_cut = False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("case", "runner_cls", "chains"),
+    [
+        ("power_mh_tau1", _ScoresAgainstTheRoot, 1500),
+        ("entropy_cut", _ScoresAgainstTheRoot, 1500),
+        ("entropy_cut", _CutsFromTheRootLaw, 6000),
+    ],
+)
+async def test_the_distribution_test_rejects_a_wrong_kernel(
+    case: str, runner_cls: type[PrestoRunner], chains: int
+) -> None:
+    model, config = DISTRIBUTION_CASES[case]
+    law = exact.law_after(model, PROMPT, config)
+    counts = await _final_state_counts(model, config, "crn", chains, runner_cls)
+    assert exact.chi_square_test(counts, law) < P_THRESHOLD
+
+
+def test_chi_square_test_behaves() -> None:
+    probs = np.array([0.5, 0.3, 0.2])
+    assert exact.chi_square_test([500, 300, 200], probs) > 0.99
+    assert exact.chi_square_test([600, 250, 150], probs) < 1e-6
+    assert exact.chi_square_test([0, 0, 10], np.array([0.5, 0.5, 0.0])) == 0.0
+    assert math.isclose(exact.chi_square_test([5, 5], np.array([0.5, 0.5])), 1.0, abs_tol=0.5)
