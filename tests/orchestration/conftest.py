@@ -120,3 +120,13 @@ class CountingEngine:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``predicate`` (files on disk, counters) until it holds; fail after ``timeout_s``."""
+    step = 0.005
+    for _ in range(int(timeout_s / step)):
+        if predicate():
+            return
+        await asyncio.sleep(step)
+    raise AssertionError("condition not reached in time")
