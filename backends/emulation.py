@@ -105,6 +105,8 @@ class Stats:
     completed_streams: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
+    stream_ended: threading.Event = field(default_factory=threading.Event, repr=False)
+    """Set when a stream finished or was aborted by the client."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, path: str, payload: dict[str, Any] | None) -> None:
@@ -188,7 +190,10 @@ class EmulationServer:
         self._server = ThreadingHTTPServer((self._host, self._port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"emulation-{self.dialect}", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            name=f"emulation-{self.dialect}",
+            daemon=True,
         )
         self._thread.start()
         logger.debug("emulation %s server on %s", self.dialect, self.base_url)
@@ -713,6 +718,7 @@ class EmulationServer:
 def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out as separate writes
 
         def log_message(self, format: str, *args: Any) -> None:
             logger.debug("emulation %s: " + format, server.dialect, *args)
@@ -832,5 +838,7 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
                 server.stats.completed_streams += 1
             except (BrokenPipeError, ConnectionResetError):
                 server.stats.aborted_streams += 1
+            finally:
+                server.stats.stream_ended.set()
 
     return Handler
