@@ -186,7 +186,10 @@ class EntropyCut(Kernel):
     ) -> Verdict:
         lo, hi = self.log_accept_bounds(state, cut, proposals[0])
         proposed = state.splice(cut, proposals[0])
-        correction = self.log_cut_probability(proposed, cut) - self.log_cut_probability(state, cut)
+        log_forward = self.log_cut_probability(state, cut)
+        if log_forward == -math.inf:
+            raise ValueError(f"cut {cut} has probability 0 under the current state's law")
+        correction = self.log_cut_probability(proposed, cut) - log_forward
         return _decide_interval(
             lo + correction, hi + correction, draws.u_accept, self.config.epsilon
         )

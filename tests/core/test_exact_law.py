@@ -104,8 +104,9 @@ async def _final_state_counts(
         if runner_cls is None:
             result = await run_chain(engine, PROMPT, config, traversal=traversal, n_pf=8, seed=seed)
         else:
-            result = await runner_cls(engine, config, seed, None, traversal=traversal,
-                                      n_pf=8).run(PROMPT)
+            result = await runner_cls(engine, config, seed, None, traversal=traversal, n_pf=8).run(
+                PROMPT
+            )
         counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
     return counts
 

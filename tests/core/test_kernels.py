@@ -1,0 +1,171 @@
+"""Kernel-level checks: certified decisions, the MultiTryMH rule, cut laws, interval math."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from presto_client.engine import ScoredTokens
+from presto_client.errors import InvalidResponseError
+from presto_client.kernels import EntropyCut, MultiTryMH, PowerMH
+from presto_client.logprob_math import exact_scores, log_softmax, scores_from_topk
+from presto_client.rng import TransitionDraws
+from presto_client.sampler_config import SamplerConfig
+from presto_client.state import ChainState
+
+
+def _random_scores(
+    rng: np.random.Generator, n: int, temps: tuple[float, ...], vocab: int, top_k: int | None
+) -> tuple[ScoredTokens, ScoredTokens]:
+    """The same random tokens scored exactly and as top-K intervals."""
+    rows = log_softmax(rng.normal(scale=2.0, size=(n, vocab)))
+    ids = rng.integers(0, vocab, size=n)
+    logp0, logq, entropy = exact_scores(ids, rows, temps)
+    exact = ScoredTokens.exact(ids, logp0, logq, entropy)
+    if top_k is None:
+        return exact, exact
+    top = -np.sort(-rows, axis=1)[:, :top_k]
+    d = scores_from_topk(logp0, top, temps, vocab)
+    return exact, ScoredTokens(exact.token_ids, logp0, d.logq_lo, d.logq_hi, entropy)
+
+
+@pytest.mark.parametrize("temps", [(0.25,), (0.5,), (1.0,), (2.0,)])
+def test_topk_interval_contains_the_exact_logq(temps: tuple[float, ...]) -> None:
+    rng = np.random.default_rng(0)
+    for top_k in (1, 3, 10, 31):
+        exact, interval = _random_scores(rng, 200, temps, 32, top_k)
+        assert (interval.logq_lo <= exact.logq_lo + 1e-12).all()
+        assert (interval.logq_hi >= exact.logq_lo - 1e-12).all()
+    exact, full = _random_scores(rng, 50, temps, 32, 32)
+    np.testing.assert_allclose(full.logq_lo, exact.logq_lo, atol=1e-12)
+    np.testing.assert_allclose(full.logq_hi, exact.logq_lo, atol=1e-12)
+
+
+def test_topk_entropy_estimate_is_a_lower_bound_and_exact_on_full_rows() -> None:
+    rng = np.random.default_rng(1)
+    rows = log_softmax(rng.normal(size=(40, 16)))
+    ids = rows.argmax(axis=1)
+    _, _, entropy = exact_scores(ids, rows, (1.0,))
+    top = -np.sort(-rows, axis=1)
+    est5 = scores_from_topk(rows[np.arange(40), ids], top[:, :5], (0.25,)).entropy
+    est16 = scores_from_topk(rows[np.arange(40), ids], top, (0.25,)).entropy
+    assert (est5 <= entropy + 1e-12).all()
+    np.testing.assert_allclose(est16, entropy, atol=1e-12)
+
+
+def test_nan_logprobs_are_refused() -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        scores_from_topk(np.array([np.nan]), np.array([[-0.1]]), (0.25,))
+    kernel = PowerMH(SamplerConfig(block_size=2))
+    state = ChainState((0,), ScoredTokens.exact([1, 2], [-1.0, -1.0], np.full((2, 1), -0.5)))
+    bad = ScoredTokens.exact([1], [np.nan], np.full((1, 1), -0.5))
+    draws = TransitionDraws(0.9, (0,), (0,), 0.5, 0.5)
+    with pytest.raises(InvalidResponseError, match="NaN"):
+        kernel.evaluate(state, 1, [bad], draws)
+
+
+@pytest.mark.parametrize("sampler", ["power_mh", "entropy_cut", "multi_try_mh"])
+def test_certified_verdicts_agree_with_exact_verdicts(sampler: str) -> None:
+    """Whenever interval scores decide, the decision is the one exact scores give."""
+    rng = np.random.default_rng(2)
+    config = SamplerConfig(sampler=sampler, block_size=6, k_try=3)
+    kernel = {"power_mh": PowerMH, "entropy_cut": EntropyCut, "multi_try_mh": MultiTryMH}[sampler](
+        config
+    )
+    temps = kernel.score_spec.temperatures
+    decided = ambiguous = 0
+    for trial in range(400):
+        x_exact, x_int = _random_scores(rng, 6, temps, 8, 3)
+        cut = kernel.cut(ChainState((0,), x_exact), float(rng.random()))
+        pairs = [
+            _random_scores(rng, 6 - cut, temps, 8, 3) for _ in range(kernel.sequences_per_proposal)
+        ]
+        draws = TransitionDraws(
+            0.5, (0,) * 3, (0,) * 3, float(rng.random()), float(1 - rng.random())
+        )
+        exact = kernel.evaluate(ChainState((0,), x_exact), cut, [p[0] for p in pairs], draws)
+        certified = kernel.evaluate(ChainState((0,), x_int), cut, [p[1] for p in pairs], draws)
+        assert exact.decided, trial
+        if certified.decided:
+            decided += 1
+            assert (certified.accepted, certified.selected) == (exact.accepted, exact.selected)
+        else:
+            ambiguous += 1
+    assert decided > 100 and ambiguous > 0  # both branches were exercised
+
+
+def test_multi_try_decision_follows_the_textbook_rule() -> None:
+    rng = np.random.default_rng(3)
+    config = SamplerConfig(sampler="multi_try_mh", block_size=5, k_try=4)
+    kernel = MultiTryMH(config)
+    temps = kernel.score_spec.temperatures
+    for _ in range(300):
+        x, _ = _random_scores(rng, 5, temps, 6, None)
+        state = ChainState((0,), x)
+        cut = int(rng.integers(0, 5))
+        candidates = [_random_scores(rng, 5 - cut, temps, 6, None)[0] for _ in range(4)]
+        u_sel, u_acc = float(rng.random()), float(1 - rng.random())
+        verdict = kernel.evaluate(
+            state, cut, candidates, TransitionDraws(0.1, (0,) * 4, (0,) * 4, u_sel, u_acc)
+        )
+        log_w, _ = kernel.log_weight_bounds(state, cut, candidates)
+        w = np.exp(log_w)
+        total = w.sum()
+        j = int(np.searchsorted(np.cumsum(w), u_sel * total, side="right"))
+        accept = u_acc < min(1.0, total / (total - w[j] + 1.0))
+        assert verdict.decided
+        assert verdict.selected == j
+        assert verdict.accepted == accept
+
+
+def test_multi_try_weights_use_the_mixture_density() -> None:
+    config = SamplerConfig(sampler="multi_try_mh", block_size=2, k_try=1, temperatures=(0.5, 1.0))
+    kernel = MultiTryMH(config)
+    x = ScoredTokens.exact([0, 1], [-1.0, -2.0], np.array([[-0.5, -1.0], [-1.5, -2.0]]))
+    y = ScoredTokens.exact([1], [-0.5], np.array([[-0.2, -0.5]]))
+    lo, hi = kernel.log_weight_bounds(ChainState((0,), x), 1, [y])
+    mix_u = math.log(0.5 * (math.exp(-1.5) + math.exp(-2.0)))
+    mix_y = math.log(0.5 * (math.exp(-0.2) + math.exp(-0.5)))
+    expected = 4.0 * (-0.5 - (-2.0)) + mix_u - mix_y
+    assert lo[0] == pytest.approx(expected) and hi[0] == pytest.approx(expected)
+
+
+def test_entropy_cut_law_follows_entropy_jumps() -> None:
+    kernel = EntropyCut(SamplerConfig(sampler="entropy_cut", block_size=4, beta=2.0))
+    entropy = np.array([0.5, 0.2, 1.0, 0.9])
+    scores = ScoredTokens.exact([0, 0, 0, 0], np.zeros(4), np.zeros((4, 1)), entropy)
+    state = ChainState((0,), scores)
+    # Jumps: H1 - 0 = 0.5, 0, 0.8, 0 -> weights 0.25, 0, 0.64, 0.
+    weights = kernel.cut_weights(state)
+    np.testing.assert_allclose(weights, np.array([0.25, 0, 0.64, 0]) / 0.89)
+    assert kernel.cut(state, 0.0) == 0
+    assert kernel.cut(state, 0.25 / 0.89 - 1e-9) == 0
+    assert kernel.cut(state, 0.25 / 0.89 + 1e-9) == 2
+    assert kernel.cut(state, 0.999999) == 2
+    assert kernel.log_cut_probability(state, 1) == -math.inf
+    flat = ChainState((0,), ScoredTokens.exact([0, 0], np.zeros(2), np.zeros((2, 1)), np.zeros(2)))
+    np.testing.assert_allclose(kernel.cut_weights(flat), [0.5, 0.5])
+
+
+def test_power_mh_log_accept_is_the_suffix_ratio() -> None:
+    kernel = PowerMH(SamplerConfig(alpha=2.0, tau=0.5, block_size=3))
+    x = ScoredTokens.exact([0, 1, 2], [-1.0, -2.0, -3.0], np.array([[-0.1], [-0.2], [-0.3]]))
+    y = ScoredTokens.exact([2, 2], [-0.5, -0.5], np.array([[-0.4], [-0.6]]))
+    lo, hi = kernel.log_accept_bounds(ChainState((9,), x), 1, y)
+    expected = 2.0 * (-1.0 - (-5.0)) + (-0.5) - (-1.0)
+    assert lo == pytest.approx(expected) and hi == pytest.approx(expected)
+
+
+def test_eps_certainty_classification() -> None:
+    kernel = PowerMH(SamplerConfig(block_size=1, epsilon=0.01))
+    x = ScoredTokens.exact([0], [-1.0], np.array([[-0.5]]))
+    draws = TransitionDraws(0.0, (0,), (0,), 0.5, 0.5)
+    state = ChainState((0,), x)
+    sure_accept = ScoredTokens.exact([1], [-0.1], np.array([[-0.5]]))
+    sure_reject = ScoredTokens.exact([1], [-5.0], np.array([[-0.5]]))
+    unsure = ScoredTokens.exact([1], [-1.1], np.array([[-0.5]]))
+    assert kernel.evaluate(state, 0, [sure_accept], draws).eps_certain
+    assert kernel.evaluate(state, 0, [sure_reject], draws).eps_certain
+    assert not kernel.evaluate(state, 0, [unsure], draws).eps_certain

@@ -1,0 +1,74 @@
+"""Per-chain statistics, round records, and randomness keyed by transition."""
+
+from __future__ import annotations
+
+import pytest
+
+from presto_client.reference import ReferenceEngine, ReferenceModel
+from presto_client.rng import ChainRandomness, chain_seeds
+from presto_client.runners import run_chain
+from presto_client.sampler_config import SamplerConfig
+from presto_client.stats import RoundRecord
+
+
+@pytest.mark.parametrize("traversal", ["sequential", "bfs", "predictive", "crn"])
+@pytest.mark.parametrize("sampler", ["power_mh", "multi_try_mh"])
+async def test_statistics_agree_with_round_records(traversal: str, sampler: str) -> None:
+    records: list[RoundRecord] = []
+    config = SamplerConfig(sampler=sampler, block_size=6, num_blocks=2, steps_per_block=12, k_try=3)
+    engine = ReferenceEngine(ReferenceModel(6, seed=2), top_k=4)
+    result = await run_chain(
+        engine, [1], config, traversal=traversal, n_pf=6, seed=3, on_round=records.append
+    )
+    stats = result.stats
+    proposes = [r for r in records if r.kind == "propose"]
+    extends = [r for r in records if r.kind == "extend"]
+    tightens = [r for r in records if r.kind == "tighten"]
+    assert [r.round for r in records] == list(range(len(records)))
+    assert len(extends) == stats.extend_calls == 2
+    assert len(proposes) == stats.rounds == engine.generate_calls - 2
+    assert len(tightens) == stats.tighten_calls == stats.ambiguous == engine.score_calls
+    assert stats.transitions == sum(r.transitions for r in proposes) == 24
+    assert (
+        stats.accepts
+        == sum(r.accepts for r in proposes)
+        == sum(t.accepted for t in result.transitions)
+    )
+    assert stats.requests_issued == sum(r.requests for r in proposes)
+    assert stats.requests_used == sum(r.used for r in proposes) == 24
+    assert stats.sequences_issued == sum(r.sequences for r in proposes)
+    assert stats.sequences_issued == stats.requests_issued * config.k_try ** (
+        sampler == "multi_try_mh"
+    )
+    assert stats.tokens_generated == sum(r.tokens for r in records)
+    assert stats.eps_certain == sum(t.eps_certain for t in result.transitions)
+    assert len(stats.call_wall_s) == stats.rounds
+    assert stats.transitions_per_call == pytest.approx(24 / stats.rounds)
+    assert stats.wasted_requests == stats.requests_issued - 24
+    assert stats.drift_max < 1e-9  # the reference engine has no numerical drift
+    summary = stats.as_dict()
+    assert summary["transitions"] == 24 and summary["acceptance_rate"] == stats.acceptance_rate
+
+
+def test_draws_depend_only_on_their_key() -> None:
+    a = ChainRandomness(11, k_try=4, num_temperatures=3)
+    b = ChainRandomness(11, k_try=4, num_temperatures=3)
+    assert a.transition(0, 5) == b.transition(0, 5)
+    assert a.transition(0, 5) != a.transition(0, 6)
+    assert a.transition(0, 5) != a.transition(1, 5)
+    assert a.transition(0, 5) != ChainRandomness(12, 4, 3).transition(0, 5)
+    assert a.node(0, 2, (True,)) != a.node(0, 2, (False,))
+    assert a.node(0, 2, ()) != a.node(0, 3, ())
+    assert a.node(0, 2, (False,)) != a.node(0, 2, (False, False))
+    d = a.transition(2, 3)
+    assert len(d.seeds) == 4 and all(0 <= i < 3 for i in d.temperature_index)
+    assert 0.0 < d.u_accept <= 1.0 and 0.0 <= d.u_cut < 1.0
+    assert a.extension_seed(0) != a.extension_seed(1)
+
+
+def test_chain_seeds_split_one_root_seed() -> None:
+    seeds = chain_seeds(42, 100)
+    assert seeds == chain_seeds(42, 100)
+    assert len(set(seeds)) == 100
+    assert chain_seeds(42, 3) == seeds[:3]
+    assert chain_seeds(43, 3) != seeds[:3]
