@@ -332,6 +332,7 @@ async def open_engines(
     opened: dict[str, OpenEngine] = {}
     for index, e in enumerate(cfg.engines):
         name = str(e.name)
+        eos: int | None
         if only is not None and name not in only:
             continue
         if isinstance(e, ReferenceEngineConfig):
@@ -391,9 +392,7 @@ async def open_engines(
 async def probe_engine(handle: OpenEngine) -> list[Any]:
     """Probe every replica; a replica with problems raises :class:`ProbeError`."""
     reports = await asyncio.gather(*(r.probe() for r in handle.replicas if hasattr(r, "probe")))
-    for report in reports:
-        for w in getattr(report, "warnings", []):
-            logger.warning("engine %s (%s): %s", handle.name, report.base_url, w)
+    for report in reports:  # (the backend logs the probe's warnings itself)
         if not report.ok:
             raise ProbeError(
                 f"probe of {report.base_url} failed: {'; '.join(report.problems)}",

@@ -237,6 +237,13 @@ class Prompt:
 # --------------------------------------------------------------------------------------------
 
 
+TraversalName = Literal["sequential", "bfs", "predictive", "crn"]
+
+
+def _default_traversals() -> list[TraversalName]:
+    return ["crn"]
+
+
 class SamplerSettings(_Strict):
     """The sampler every arm runs, and the traversals (baseline and PreSTO rules) to run it with."""
 
@@ -252,8 +259,8 @@ class SamplerSettings(_Strict):
     steps_per_block: int = Field(
         8, ge=0, description="K: Metropolis–Hastings transitions after each block's extension."
     )
-    traversals: list[Literal["sequential", "bfs", "predictive", "crn"]] = Field(
-        default_factory=lambda: ["crn"],
+    traversals: list[TraversalName] = Field(
+        default_factory=_default_traversals,
         min_length=1,
         description=f"Traversal rules to run, one arm each: {', '.join(TRAVERSALS)}. "
         "'sequential' is the PowerMH baseline; speedups are measured against it.",
@@ -370,10 +377,10 @@ class JobConfig(_Strict):
                 raise ValueError(
                     f"engines[{i}].name {e.name!r} must be non-empty without '/', ',' or spaces"
                 )
-        names = [e.name for e in self.engines]
+        names = [str(e.name) for e in self.engines]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"engine names must be unique; repeated: {', '.join(map(str, dup))}")
+            raise ValueError(f"engine names must be unique; repeated: {', '.join(dup)}")
         if self.prompts.token_ids is None:
             for i, e in enumerate(self.engines):
                 if e.kind == "reference":

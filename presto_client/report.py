@@ -450,9 +450,9 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(prompts) * len(sp_arms) + 3), 4.5))
         width = 0.8 / len(sp_arms)
         for j, arm in enumerate(sp_arms):
-            xs = [i + (j - (len(sp_arms) - 1) / 2) * width for i in range(len(prompts))]
-            ys = [per_prompt[arm].get(str(p), float("nan")) for p in prompts]
-            ax.bar(xs, ys, width=width, label=arm)
+            bar_x = [i + (j - (len(sp_arms) - 1) / 2) * width for i in range(len(prompts))]
+            bar_y = [per_prompt[arm].get(str(p), float("nan")) for p in prompts]
+            ax.bar(bar_x, bar_y, width=width, label=arm)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(prompts)), [str(p) for p in prompts])
         ax.set_xlabel("prompt")

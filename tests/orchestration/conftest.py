@@ -1,51 +1,14 @@
-"""Fixtures of the orchestration tests: small reference-engine jobs and engine wrappers."""
+"""Fixtures of the orchestration tests."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-
-from presto_client.engine import ProposalRequest, ScoredTokens, ScoreRequest
-from presto_client.errors import EngineUnavailableError
-from presto_client.job_config import JobConfig, validate_job_config
-from presto_client.reference import ReferenceEngine, ReferenceModel
-
-PROMPTS = [[1, 2, 3], [4, 5], [6, 0, 7, 1], [2, 2]]
-
-
-def job_dict(output_dir: Path, **changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "name": "test",
-        "engines": [{"kind": "reference", "name": "ref", "vocab_size": 6, "max_concurrency": 16}],
-        "prompts": {"token_ids": PROMPTS},
-        "sampler": {
-            "alpha": 4.0,
-            "block_size": 8,
-            "num_blocks": 1,
-            "steps_per_block": 6,
-            "traversals": ["sequential", "crn"],
-            "n_pf": 4,
-        },
-        "chains_per_prompt": 2,
-        "seed": 7,
-        "output_dir": str(output_dir),
-        "max_concurrency": 8,
-    }
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return data
-
-
-def make_config(output_dir: Path, **changes: Any) -> JobConfig:
-    return validate_job_config(job_dict(output_dir, **changes))
+from orch_helpers import job_dict
 
 
 @pytest.fixture
@@ -57,76 +20,3 @@ def write_config(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
-
-
-def reference_engine(name: str = "ref", vocab_size: int = 6) -> ReferenceEngine:
-    return ReferenceEngine(ReferenceModel(vocab_size), name=name)
-
-
-class CountingEngine:
-    """Wraps an engine; counts requests in flight (max seen) and can sleep or fail on demand."""
-
-    def __init__(
-        self,
-        inner: Any,
-        *,
-        delay_s: float = 0.002,
-        fail_if: Callable[[Sequence[int]], bool] | None = None,
-        shared: dict[str, int] | None = None,
-    ) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.delay_s = delay_s
-        self.fail_if = fail_if
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.calls = 0
-        self.failures = 0
-        # counters shared between engines (the global bound)
-        self.shared = shared if shared is not None else {"in_flight": 0, "max": 0}
-
-    def _enter(self, n: int) -> None:
-        self.calls += 1
-        self.in_flight += n
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.shared["in_flight"] += n
-        self.shared["max"] = max(self.shared["max"], self.shared["in_flight"])
-
-    def _leave(self, n: int) -> None:
-        self.in_flight -= n
-        self.shared["in_flight"] -= n
-
-    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
-        self._enter(len(requests))
-        try:
-            await asyncio.sleep(self.delay_s)
-            if self.fail_if is not None and any(self.fail_if(r.prefix) for r in requests):
-                self.failures += 1
-                raise EngineUnavailableError("connection refused (test)", engine=self.name)
-            return await self.inner.generate(requests)
-        finally:
-            self._leave(len(requests))
-
-    def stream(self, request: ProposalRequest) -> Any:
-        return self.inner.stream(request)
-
-    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
-        self._enter(len(requests))
-        try:
-            await asyncio.sleep(self.delay_s)
-            return await self.inner.score(requests)
-        finally:
-            self._leave(len(requests))
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll ``predicate`` (files on disk, counters) until it holds; fail after ``timeout_s``."""
-    step = 0.005
-    for _ in range(int(timeout_s / step)):
-        if predicate():
-            return
-        await asyncio.sleep(step)
-    raise AssertionError("condition not reached in time")

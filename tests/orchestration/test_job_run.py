@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orch_helpers import CountingEngine, make_config, reference_engine, wait_until
 
 from presto_client.errors import ConfigError
 from presto_client.job import chain_seed, make_plan, run_job_async
 from presto_client.orchestrator import JobFailedError
 from presto_client.rundir import RunDir, read_jsonl
-
-from .conftest import CountingEngine, make_config, reference_engine, wait_until
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

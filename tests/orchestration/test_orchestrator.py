@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from orch_helpers import PROMPTS, CountingEngine, reference_engine, wait_until
 
 from presto_client.orchestrator import (
     ChainOutcome,
@@ -20,8 +21,6 @@ from presto_client.orchestrator import (
 )
 from presto_client.sampler_config import SamplerConfig
 from presto_client.stats import RoundRecord
-
-from .conftest import PROMPTS, CountingEngine, reference_engine, wait_until
 
 SAMPLER = SamplerConfig(alpha=4.0, block_size=8, num_blocks=1, steps_per_block=6)
 
