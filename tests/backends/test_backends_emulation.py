@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import make_engine
+from backend_helpers import make_engine
 
 from backends.emulation import EmulationServer
 from backends.engine import HttpEngine

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from backend_helpers import FIXTURES
 
 from backends import EngineSpec
 from backends.adapter import (

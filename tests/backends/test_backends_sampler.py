@@ -7,7 +7,7 @@ run against the same emulation server must produce the same chain (tokens, cuts,
 from __future__ import annotations
 
 import pytest
-from conftest import make_engine
+from backend_helpers import make_engine
 
 from backends.emulation import EmulationServer
 from presto_client.runners import run_chain

@@ -1,0 +1,23 @@
+"""Helpers shared by the backend tests (imported by name: test directories have no package)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends import EngineSpec, create_engine
+from backends.engine import HttpEngine
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu"
+
+
+def make_engine(
+    kind: str, base_url: str, *, sleeps: list[float] | None = None, **spec_kw: object
+) -> HttpEngine:
+    """An engine whose retry sleeps are patched out (and recorded in ``sleeps``)."""
+
+    async def sleep(seconds: float) -> None:
+        if sleeps is not None:
+            sleeps.append(seconds)
+
+    spec = EngineSpec(kind, (base_url,), **spec_kw)  # type: ignore[arg-type]
+    return create_engine(spec, sleep=sleep)

