@@ -1,0 +1,39 @@
+"""The embedded default engine: SmolLM2-135M-Instruct on the CPU, served in vLLM's dialect.
+
+With no server configured, ``presto`` starts this engine as a subprocess on loopback and talks
+to it through the ordinary vLLM adapter. Importing this package does not import torch.
+
+- :func:`embedded_server` / :func:`async_embedded_server` (in :mod:`.launch`): context
+  managers that start ``python -m presto_client.embedded`` and yield its base URL.
+- :func:`main`: the ``presto serve-embedded`` command (``python -m presto_client.embedded``).
+- :mod:`.model` prepares and loads the model; :mod:`.engine` batches and samples;
+  :mod:`.server` speaks HTTP.
+"""
+
+from __future__ import annotations
+
+from presto_client.embedded.launch import (
+    EmbeddedServer,
+    EmbeddedServerError,
+    async_embedded_server,
+    embedded_server,
+)
+
+SERVED_MODEL_NAME = "smollm2-135m"
+"""The model id the embedded server answers to."""
+
+__all__ = [
+    "SERVED_MODEL_NAME",
+    "EmbeddedServer",
+    "EmbeddedServerError",
+    "async_embedded_server",
+    "embedded_server",
+    "main",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``presto serve-embedded``: see ``python -m presto_client.embedded --help``."""
+    from presto_client.embedded.__main__ import main as _main
+
+    return _main(argv)

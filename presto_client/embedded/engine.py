@@ -1,0 +1,739 @@
+"""The in-process generation engine: one model worker thread, continuous batching, prefix KV reuse.
+
+Requests are submitted from any thread (:meth:`Engine.submit`) and answered through a
+:class:`RequestHandle` (a queue of :class:`TokenEvent` / :class:`PromptScores` / :class:`Finished`
+/ :class:`Failed` events, plus ``cancel()``). All model work runs on one worker thread, so
+nothing else ever touches torch.
+
+Per iteration the worker
+
+1. admits newly arrived requests (when idle it waits ``gather_s`` for more to arrive so that
+   a burst of concurrent proposals starts together): each is prefilled alone (batch 1), reusing
+   the longest cached KV prefix and computing only the rest; requests with the same prompt
+   in one admission share one prefill. The prompt's KV goes into the prefix cache at once,
+   so the other proposals of a burst hit it;
+2. merges the admitted sequences into the running batch (one left-padded ``DynamicCache``, an
+   attention mask and explicit position ids) and decodes one token for every sequence in one
+   forward pass;
+3. retires finished or cancelled sequences, storing the KV of each finished one (prompt +
+   generated tokens) in the prefix cache.
+
+Sampling is exact and per request: each sequence owns a ``numpy`` PCG64 generator seeded with
+its ``seed`` and draws one uniform per token, inverted through the CDF of
+``softmax(logits / τ)`` computed in float64 from the float32 logits. The same (prompt, seed)
+gives the same tokens whether the request runs alone or in a batch, up to the float32
+differences of batched matmuls (≈1e-6 in logits, so a token flips only when a uniform falls
+within ~1e-6 of a CDF boundary). Reported logprobs are raw (temperature 1):
+``log_softmax`` of the float32 logits, computed in float64 (vLLM's ``raw_logprobs`` mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from presto_client.embedded.model import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+SAMPLING_EPS = 1e-5
+"""Temperatures below this are greedy (as in vLLM)."""
+
+KVList = list[tuple["torch.Tensor", "torch.Tensor"]]
+"""Per-layer (keys, values), each ``[batch, kv_heads, length, head_dim]``."""
+
+
+# --------------------------------------------------------------------------------------------
+# Requests and events
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What the engine needs to know about one request (already validated)."""
+
+    max_tokens: int
+    temperature: float
+    seed: int
+    logprobs: int | None = None
+    """Top-K raw logprobs per generated token (None: none; 0: the sampled token only)."""
+    prompt_logprobs: int | None = None
+    """Top-K raw logprobs per prompt position (None: none). Such requests skip cache reads."""
+    ignore_eos: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token with its raw logprob and (if asked) the top-K raw logprobs."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    """Top-K (token id, raw logprob) pairs, best first (empty unless logprobs was asked)."""
+    finish_reason: str | None = None
+    """Set on the last token of the request: ``"stop"`` or ``"length"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptScores:
+    """Raw logprobs of the prompt: entry 0 is None, entry i scores prompt token i."""
+
+    entries: tuple[tuple[float, int, tuple[tuple[int, float], ...]] | None, ...]
+    """Per position: (logprob of the prompt token, its rank (1 = best), top-K pairs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The request ended: ``reason`` is ``"stop"`` (EOS / stop token) or ``"length"``."""
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The engine could not serve the request."""
+
+    message: str
+
+
+Event = TokenEvent | PromptScores | Finished | Failed
+
+
+class RequestHandle:
+    """The caller's side of a submitted request."""
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+        self.events: queue.Queue[Event] = queue.Queue()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this request (it is dropped at the next step)."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def result(self, timeout: float | None = None) -> CompletedRequest:
+        """Block until the request ends and return everything it produced."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tokens: list[TokenEvent] = []
+        prompt: PromptScores | None = None
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                ev = self.events.get(timeout=remaining)
+            except queue.Empty as exc:
+                self.cancel()
+                raise TimeoutError(f"request {self.request_id} did not finish in time") from exc
+            if isinstance(ev, TokenEvent):
+                tokens.append(ev)
+            elif isinstance(ev, PromptScores):
+                prompt = ev
+            elif isinstance(ev, Failed):
+                raise EngineError(ev.message)
+            else:
+                return CompletedRequest(tokens=tokens, prompt_scores=prompt, finished=ev)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedRequest:
+    tokens: list[TokenEvent]
+    prompt_scores: PromptScores | None
+    finished: Finished
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request (or is not running)."""
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters exported on ``/metrics`` (prefix-cache counts are in tokens, as in vLLM)."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+    finished_stop: int = 0
+    finished_length: int = 0
+    requests_cancelled: int = 0
+    forward_passes: int = 0
+    running: int = 0
+    waiting: int = 0
+    prefix_cache_entries: int = 0
+    prefix_cache_bytes: int = 0
+
+
+# --------------------------------------------------------------------------------------------
+# Prefix cache
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _PrefixEntry:
+    tokens: np.ndarray
+    kv: KVList
+    """Per layer, ``[1, heads, len(tokens), head_dim]``."""
+    nbytes: int
+
+
+class PrefixCache:
+    """LRU of KV states keyed by token sequences; a lookup finds the longest common prefix.
+
+    Entries that are a prefix of a newer entry are dropped (the longer one covers them). The
+    cache never mutates stored tensors; users slice them and ``torch.cat`` makes new ones.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[int, _PrefixEntry] = OrderedDict()
+        self._next_id = 0
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, tokens: Sequence[int], limit: int) -> tuple[KVList | None, int]:
+        """The longest cached prefix of ``tokens`` (at most ``limit`` tokens) and its length."""
+        if limit <= 0 or not self._entries:
+            return None, 0
+        query = np.asarray(tokens[:limit], dtype=np.int64)
+        best_key, best_len = -1, 0
+        for key, entry in self._entries.items():
+            n = min(len(entry.tokens), len(query))
+            if n <= best_len:
+                continue
+            diff = np.flatnonzero(entry.tokens[:n] != query[:n])
+            common = int(diff[0]) if diff.size else n
+            if common > best_len:
+                best_key, best_len = key, common
+        if best_len == 0:
+            return None, 0
+        self._entries.move_to_end(best_key)
+        entry = self._entries[best_key]
+        kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in entry.kv]
+        return kv, best_len
+
+    def insert(self, tokens: Sequence[int], kv: KVList) -> None:
+        """Store ``kv`` (per layer ``[1, heads, len(tokens), head_dim]``) for ``tokens``."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        n = len(arr)
+        if n == 0:
+            return
+        for key, entry in list(self._entries.items()):
+            m = len(entry.tokens)
+            if m >= n and np.array_equal(entry.tokens[:n], arr):
+                self._entries.move_to_end(key)  # already covered by a longer entry
+                return
+            if m < n and np.array_equal(arr[:m], entry.tokens):
+                self._drop(key)
+        nbytes = sum(k.nelement() * k.element_size() * 2 for k, _ in kv)
+        if nbytes > self.capacity_bytes:
+            return
+        self._entries[self._next_id] = _PrefixEntry(tokens=arr, kv=kv, nbytes=nbytes)
+        self._next_id += 1
+        self.nbytes += nbytes
+        while self.nbytes > self.capacity_bytes and self._entries:
+            self._drop(next(iter(self._entries)))
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.nbytes = 0
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        self.nbytes -= entry.nbytes
+
+
+# --------------------------------------------------------------------------------------------
+# Sequences and the running batch
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class _Seq:
+    handle: RequestHandle
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    rng: np.random.Generator
+    output: list[int] = field(default_factory=list)
+    kv: KVList | None = None
+    """Own KV (batch 1) between prefill and joining the batch."""
+    cached_tokens: int = 0
+    pad: int = 0
+    """Left padding of this row in the batch cache."""
+
+    @property
+    def kv_len(self) -> int:
+        """Tokens whose KV is stored: prompt + all generated but the last."""
+        return len(self.prompt) + len(self.output) - 1
+
+
+def _seed_generator(seed: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(seed % (1 << 64)))
+
+
+class Engine:
+    """Serves generation requests on one worker thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        max_batch_size: int = 32,
+        prefix_cache_bytes: int = 1 << 30,
+        max_model_len: int = 2048,
+        gather_s: float = 0.004,
+    ) -> None:
+        import torch
+
+        self._torch = torch
+        self.loaded = loaded
+        self.model = loaded.model
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.gather_s = gather_s
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.stats = EngineStats()
+        self._stats_lock = threading.Lock()
+        self._inbox: queue.Queue[_Seq | None] = queue.Queue()
+        self._pending: list[_Seq] = []
+        self._batch: list[_Seq] = []
+        self._batch_kv: KVList = []
+        self._batch_mask: torch.Tensor | None = None
+        self._next_id = 0
+        self._id_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fatal: str | None = None
+        self._cache_kw = _cache_kwarg(self.model)
+
+    # ---- public API ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._run, name="presto-embedded-engine", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._fatal is None
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestHandle:
+        """Queue a request; events arrive on the returned handle's ``events`` queue."""
+        if not prompt:
+            raise ValueError("the prompt must contain at least one token")
+        with self._id_lock:
+            self._next_id += 1
+            handle = RequestHandle(self._next_id)
+        if not self.alive:
+            handle.events.put(Failed(self._fatal or "the engine is not running"))
+            return handle
+        seq = _Seq(
+            handle=handle,
+            prompt=tuple(int(t) for t in prompt),
+            params=params,
+            rng=_seed_generator(params.seed),
+        )
+        self._inbox.put(seq)
+        return handle
+
+    def reset(self) -> None:
+        """Forget the counters and the prefix cache (call only while no request is in flight)."""
+        with self._stats_lock:
+            self.stats = EngineStats()
+        self.prefix_cache.clear()
+
+    def snapshot(self) -> EngineStats:
+        """A copy of the counters."""
+        with self._stats_lock:
+            s = self.stats
+            return EngineStats(
+                prefix_cache_queries=s.prefix_cache_queries,
+                prefix_cache_hits=s.prefix_cache_hits,
+                prompt_tokens=s.prompt_tokens,
+                generation_tokens=s.generation_tokens,
+                requests_finished=s.requests_finished,
+                finished_stop=s.finished_stop,
+                finished_length=s.finished_length,
+                requests_cancelled=s.requests_cancelled,
+                forward_passes=s.forward_passes,
+                running=len(self._batch),
+                waiting=self._inbox.qsize() + len(self._pending),
+                prefix_cache_entries=len(self.prefix_cache),
+                prefix_cache_bytes=self.prefix_cache.nbytes,
+            )
+
+    # ---- worker --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch = self._torch
+        try:
+            with torch.inference_mode():
+                while not self._stop.is_set():
+                    new = self._take_new(block=not self._batch)
+                    if self._stop.is_set():
+                        break
+                    if new:
+                        self._admit(new)
+                    if self._batch:
+                        self._decode_step()
+        except Exception as exc:  # pragma: no cover - reported to every waiting request
+            logger.exception("embedded engine worker crashed")
+            self._fatal = f"embedded engine worker crashed: {exc!r}"
+        finally:
+            message = self._fatal or "the engine stopped"
+            for seq in [*self._batch, *self._pending]:
+                seq.handle.events.put(Failed(message))
+            self._batch.clear()
+            self._pending.clear()
+            while True:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item.handle.events.put(Failed(message))
+
+    def _take_new(self, block: bool) -> list[_Seq]:
+        room = self.max_batch_size - len(self._batch)
+        if block and not self._pending:
+            try:
+                first = self._inbox.get(timeout=0.5)
+            except queue.Empty:
+                return []
+            if first is None:
+                return []
+            self._pending.append(first)
+            deadline = time.monotonic() + self.gather_s
+            while len(self._pending) < room:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._inbox.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if item is None:
+                    return []
+                self._pending.append(item)
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return []
+            self._pending.append(item)
+        taken, self._pending = self._pending[:room], self._pending[room:]
+        return [s for s in taken if not self._drop_if_cancelled(s)]
+
+    def _drop_if_cancelled(self, seq: _Seq) -> bool:
+        if seq.handle.cancelled:
+            with self._stats_lock:
+                self.stats.requests_cancelled += 1
+            return True
+        return False
+
+    # ---- prefill ---------------------------------------------------------------------------
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        kv: KVList | None,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        all_logits: bool = False,
+    ) -> tuple[torch.Tensor, KVList]:
+        """One forward pass; returns float32 logits ``[B, q, V]`` and the updated KV."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        if kv:
+            # Hand the tensors over without the copy that DynamicCache(ddp_cache_data=...) makes.
+            for layer, (k, v) in zip(cache.layers, kv, strict=True):
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "attention_mask": attention_mask,
+            self._cache_kw: cache,
+            "use_cache": True,
+        }
+        if not all_logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        with self._stats_lock:
+            self.stats.forward_passes += 1
+        new_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        return out.logits.float(), new_kv
+
+    def _admit(self, seqs: list[_Seq]) -> None:
+        groups: OrderedDict[tuple[int, ...], list[_Seq]] = OrderedDict()
+        joined: list[_Seq] = []
+        for seq in seqs:
+            if seq.params.prompt_logprobs is not None:
+                if self._prefill_scoring(seq):
+                    joined.append(seq)
+            else:
+                groups.setdefault(seq.prompt, []).append(seq)
+        for prompt, members in groups.items():
+            try:
+                logits, kv, cached = self._prefill(prompt)
+            except Exception as exc:
+                logger.exception("prefill failed")
+                for seq in members:
+                    seq.handle.events.put(Failed(f"prefill failed: {exc!r}"))
+                continue
+            for i, seq in enumerate(members):
+                seq.kv = kv
+                seq.cached_tokens = cached if i == 0 else len(prompt) - 1
+                with self._stats_lock:
+                    self.stats.prefix_cache_queries += len(prompt)
+                    self.stats.prefix_cache_hits += seq.cached_tokens
+                    self.stats.prompt_tokens += len(prompt)
+                if self._emit_token(seq, logits) == "running":
+                    joined.append(seq)
+        if joined:
+            self._merge(joined)
+
+    def _prefill(self, prompt: tuple[int, ...]) -> tuple[torch.Tensor, KVList, int]:
+        """Prefill ``prompt`` reusing the cache; returns (last logits [V], KV, cached tokens)."""
+        torch = self._torch
+        prefix_kv, cached = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1)
+        rest = prompt[cached:]
+        input_ids = torch.tensor([rest], dtype=torch.long)
+        positions = torch.arange(cached, len(prompt), dtype=torch.long).unsqueeze(0)
+        logits, kv = self._forward(input_ids, prefix_kv, positions, None)
+        self.prefix_cache.insert(prompt, kv)
+        return logits[0, -1], kv, cached
+
+    def _prefill_scoring(self, seq: _Seq) -> bool:
+        """Full prefill with logits at every position (no cache read); True if it runs on."""
+        torch = self._torch
+        prompt = seq.prompt
+        k = seq.params.prompt_logprobs or 0
+        input_ids = torch.tensor([prompt], dtype=torch.long)
+        positions = torch.arange(len(prompt), dtype=torch.long).unsqueeze(0)
+        try:
+            logits, kv = self._forward(input_ids, None, positions, None, all_logits=True)
+        except Exception as exc:
+            logger.exception("prefill failed")
+            seq.handle.events.put(Failed(f"prefill failed: {exc!r}"))
+            return False
+        with self._stats_lock:
+            self.stats.prompt_tokens += len(prompt)
+        self.prefix_cache.insert(prompt, kv)
+        logp = torch.log_softmax(logits[0, :-1].double(), dim=-1)
+        targets = torch.tensor(prompt[1:], dtype=torch.long)
+        chosen = logp.gather(1, targets.unsqueeze(1)).squeeze(1)
+        ranks = (logp > chosen.unsqueeze(1)).sum(dim=1) + 1
+        entries: list[tuple[float, int, tuple[tuple[int, float], ...]] | None] = [None]
+        if k > 0:
+            top_v, top_i = torch.topk(logp, k=min(k, logp.shape[-1]), dim=-1)
+            top_vl, top_il = top_v.tolist(), top_i.tolist()
+        for pos in range(len(prompt) - 1):
+            top = tuple(zip(top_il[pos], top_vl[pos], strict=True)) if k > 0 else ()
+            entries.append((float(chosen[pos]), int(ranks[pos]), top))
+        seq.handle.events.put(PromptScores(entries=tuple(entries)))
+        seq.kv = kv
+        return self._emit_token(seq, logits[0, -1]) == "running"
+
+    # ---- sampling --------------------------------------------------------------------------
+
+    def _emit_token(self, seq: _Seq, logits: torch.Tensor) -> str:
+        """Sample the next token of ``seq`` from float32 ``logits`` [V]; emit it.
+
+        Returns ``"running"``, or ``"done"`` after emitting :class:`Finished`.
+        """
+        torch = self._torch
+        params = seq.params
+        logits64 = logits.double()
+        logp = torch.log_softmax(logits64, dim=-1)
+        if params.temperature < SAMPLING_EPS:
+            token = int(torch.argmax(logits64))
+        else:
+            scaled = logits64 / params.temperature
+            probs = torch.exp(scaled - scaled.max())
+            cdf = torch.cumsum(probs, dim=0)
+            u = float(seq.rng.random()) * float(cdf[-1])
+            token = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))
+            token = min(token, cdf.shape[0] - 1)
+            while float(probs[token]) == 0.0 and token > 0:  # never sample a zero-mass token
+                token -= 1
+        top: tuple[tuple[int, float], ...] = ()
+        if params.logprobs:
+            top_v, top_i = torch.topk(logp, k=min(params.logprobs, logp.shape[0]))
+            top = tuple(zip(top_i.tolist(), top_v.tolist(), strict=True))
+        seq.output.append(token)
+        reason: str | None = None
+        eos = not params.ignore_eos and token in self.loaded.eos_token_ids
+        if eos or token in params.stop_token_ids:
+            reason = "stop"
+        elif len(seq.output) >= params.max_tokens or (
+            len(seq.prompt) + len(seq.output) >= self.max_model_len
+        ):
+            reason = "length"
+        seq.handle.events.put(
+            TokenEvent(token_id=token, logprob=float(logp[token]), top=top, finish_reason=reason)
+        )
+        with self._stats_lock:
+            self.stats.generation_tokens += 1
+        if reason is None:
+            return "running"
+        seq.handle.events.put(
+            Finished(
+                reason=reason,
+                prompt_tokens=len(seq.prompt),
+                completion_tokens=len(seq.output),
+                cached_tokens=seq.cached_tokens,
+            )
+        )
+        with self._stats_lock:
+            self.stats.requests_finished += 1
+            if reason == "stop":
+                self.stats.finished_stop += 1
+            else:
+                self.stats.finished_length += 1
+        return "done"
+
+    # ---- the running batch -----------------------------------------------------------------
+
+    def _merge(self, seqs: list[_Seq]) -> None:
+        """Add prefilled sequences (each with its own batch-1 KV) to the running batch."""
+        torch = self._torch
+        old_len = self._batch_kv[0][0].shape[2] if self._batch else 0
+        new_len = max([old_len, *(s.kv_len for s in seqs)])
+        layers: KVList = []
+        n_layers = len(seqs[0].kv or [])
+        for li in range(n_layers):
+            ks: list[torch.Tensor] = []
+            vs: list[torch.Tensor] = []
+            if self._batch:
+                k, v = self._batch_kv[li]
+                ks.append(_left_pad(k, new_len - old_len))
+                vs.append(_left_pad(v, new_len - old_len))
+            for s in seqs:
+                assert s.kv is not None
+                k, v = s.kv[li]
+                ks.append(_left_pad(k, new_len - k.shape[2]))
+                vs.append(_left_pad(v, new_len - v.shape[2]))
+            layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
+        for s in self._batch:
+            s.pad += new_len - old_len
+        for s in seqs:
+            s.pad = new_len - s.kv_len
+            s.kv = None
+        self._batch.extend(seqs)
+        self._batch_kv = layers
+        self._batch_mask = self._mask_from_pads(new_len)
+
+    def _mask_from_pads(self, length: int) -> torch.Tensor:
+        torch = self._torch
+        pads = torch.tensor([s.pad for s in self._batch], dtype=torch.long)
+        return (torch.arange(length).unsqueeze(0) >= pads.unsqueeze(1)).long()
+
+    def _decode_step(self) -> None:
+        torch = self._torch
+        # Drop cancelled rows before paying for them.
+        self._retire([s for s in self._batch if s.handle.cancelled], finished=False)
+        if not self._batch:
+            return
+        assert self._batch_mask is not None
+        input_ids = torch.tensor([[s.output[-1]] for s in self._batch], dtype=torch.long)
+        positions = torch.tensor([[s.kv_len] for s in self._batch], dtype=torch.long)
+        mask = torch.cat(
+            [self._batch_mask, torch.ones((len(self._batch), 1), dtype=torch.long)], dim=1
+        )
+        logits, kv = self._forward(input_ids, self._batch_kv, positions, mask)
+        self._batch_kv = kv
+        self._batch_mask = mask
+        done = [
+            s for i, s in enumerate(self._batch) if self._emit_token(s, logits[i, -1]) == "done"
+        ]
+        if done:
+            self._retire(done, finished=True)
+
+    def _retire(self, seqs: list[_Seq], *, finished: bool) -> None:
+        """Remove rows from the batch; store the KV of finished ones in the prefix cache."""
+        if not seqs:
+            return
+        torch = self._torch
+        gone = set(map(id, seqs))
+        if finished:
+            for s in seqs:
+                row = self._batch.index(s)
+                n = s.kv_len
+                kv = [
+                    (
+                        k[row : row + 1, :, s.pad : s.pad + n].clone(),
+                        v[row : row + 1, :, s.pad : s.pad + n].clone(),
+                    )
+                    for k, v in self._batch_kv
+                ]
+                self.prefix_cache.insert((*s.prompt, *s.output)[:n], kv)
+        else:
+            with self._stats_lock:
+                self.stats.requests_cancelled += len(seqs)
+        keep = [i for i, s in enumerate(self._batch) if id(s) not in gone]
+        self._batch = [self._batch[i] for i in keep]
+        if not self._batch:
+            self._batch_kv = []
+            self._batch_mask = None
+            return
+        idx = torch.tensor(keep, dtype=torch.long)
+        trim = min(s.pad for s in self._batch)
+        self._batch_kv = [
+            (k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
+            for k, v in self._batch_kv
+        ]
+        for s in self._batch:
+            s.pad -= trim
+        assert self._batch_mask is not None
+        self._batch_mask = self._batch_mask.index_select(0, idx)[:, trim:]
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    if n <= 0:
+        return t
+    import torch
+
+    pad = torch.zeros((t.shape[0], t.shape[1], n, t.shape[3]), dtype=t.dtype)
+    return torch.cat([pad, t], dim=2)
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The forward() keyword for the KV cache (``cache`` in transformers 5.x)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

@@ -1,0 +1,202 @@
+"""Start the embedded server as a subprocess and wait until it answers.
+
+::
+
+    from presto_client.embedded.launch import embedded_server
+
+    with embedded_server() as base_url:          # e.g. "http://127.0.0.1:41823"
+        ...  # point the vLLM adapter at base_url, model "smollm2-135m"
+
+The child is ``python -m presto_client.embedded --port P --ready-file F`` in its own process
+group; it writes its URL to ``F`` once it serves (the first start also prepares the model,
+about a minute). On exit the group gets SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded server did not start (the message carries the tail of its log)."""
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return "(no log)"
+    return data[-n:].decode(errors="replace")
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class EmbeddedServer:
+    """A running (or startable) embedded server subprocess."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        dtype: str = "float32",
+        startup_timeout_s: float = 600.0,
+        host: str = "127.0.0.1",
+        extra_args: Sequence[str] = (),
+        python: str | None = None,
+        stop_grace_s: float = 10.0,
+    ) -> None:
+        self.port = port
+        self.dtype = dtype
+        self.startup_timeout_s = startup_timeout_s
+        self.host = host
+        self.extra_args = tuple(extra_args)
+        self.python = python or sys.executable
+        self.stop_grace_s = stop_grace_s
+        self.base_url: str | None = None
+        self.log_path: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> str:
+        """Start the child and block until ``/health`` answers; returns the base URL."""
+        if self._proc is not None:
+            raise RuntimeError("already started")
+        self._workdir = tempfile.TemporaryDirectory(prefix="presto-embedded-")
+        work = Path(self._workdir.name)
+        ready = work / "ready"
+        self.log_path = work / "server.log"
+        cmd = [
+            self.python,
+            "-m",
+            "presto_client.embedded",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port or 0),
+            "--dtype",
+            self.dtype,
+            "--ready-file",
+            str(ready),
+            *self.extra_args,
+        ]
+        env = dict(os.environ)
+        env["HF_HUB_OFFLINE"] = "1"
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        logger.info("starting the embedded server: %s", " ".join(cmd))
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        t0 = time.monotonic()
+        deadline = t0 + self.startup_timeout_s
+        try:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise EmbeddedServerError(
+                        f"the embedded server exited with status {code} during start-up; "
+                        f"log tail:\n{_tail(self.log_path)}"
+                    )
+                if ready.is_file():
+                    url = ready.read_text().strip()
+                    if url and _healthy(url):
+                        self.base_url = url
+                        break
+                if time.monotonic() > deadline:
+                    raise EmbeddedServerError(
+                        f"the embedded server did not answer within {self.startup_timeout_s:.0f} "
+                        f"s; log tail:\n{_tail(self.log_path)}"
+                    )
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("embedded server ready at %s in %.1f s", self.base_url, time.monotonic() - t0)
+        return self.base_url
+
+    def stop(self) -> None:
+        """SIGTERM the child's process group, SIGKILL after the grace period; idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("embedded server %d ignored SIGTERM; killing it", proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        self.base_url = None
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def embedded_server(
+    port: int | None = None, *, dtype: str = "float32", startup_timeout_s: float = 600
+) -> Iterator[str]:
+    """Run the embedded server for the duration of the block; yields its base URL.
+
+    ``port=None`` lets the child pick a free port. Raises :class:`EmbeddedServerError` (with
+    the child's log tail) if it dies or does not answer within ``startup_timeout_s``.
+    """
+    server = EmbeddedServer(port, dtype=dtype, startup_timeout_s=startup_timeout_s)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def async_embedded_server(
+    port: int | None = None, *, dtype: str = "float32", startup_timeout_s: float = 600
+) -> AsyncIterator[str]:
+    """:func:`embedded_server` for asyncio code (start and stop run in a worker thread)."""
+    server = EmbeddedServer(port, dtype=dtype, startup_timeout_s=startup_timeout_s)
+    try:
+        yield await asyncio.to_thread(server.start)
+    finally:
+        await asyncio.shield(asyncio.to_thread(server.stop))
