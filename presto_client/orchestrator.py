@@ -311,6 +311,7 @@ class Orchestrator:
         self.runner = runner
         self.finish = finish
         self.result = OrchestratorResult()
+        self._fatal: JobFailedError | None = None
 
     async def _run_one(self, spec: ChainSpec) -> ChainOutcome:
         pool = self.pools[spec.engine]
@@ -367,12 +368,16 @@ class Orchestrator:
                 self.result.completed.append(outcome)
                 continue
             self.result.failed.append(outcome)
+            if self._fatal is not None:
+                return  # the job is stopping already
             if len(self.result.failed) > self.max_failed_chains:
-                raise JobFailedError(
+                queue.clear()
+                self._fatal = JobFailedError(
                     f"{len(self.result.failed)} chain(s) failed, more than the failure budget "
                     f"of {self.max_failed_chains} (max_failed_chains); the job was stopped. "
                     f"Last error ({spec.chain_id}): {outcome.error}"
                 )
+                raise self._fatal
 
     async def run(self, chains: Sequence[ChainSpec]) -> OrchestratorResult:
         """Run ``chains`` (in order of start); returns what completed and what failed.
@@ -404,5 +409,5 @@ class Orchestrator:
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            raise errors[0]  # type: ignore[misc]
+            raise self._fatal or errors[0]  # type: ignore[misc]
         return self.result
