@@ -179,7 +179,8 @@ class EmulationServer:
         if self._server is None:
             raise RuntimeError("the emulation server is not running")
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        host_text = host.decode() if isinstance(host, bytes) else str(host)
+        return f"http://{host_text}:{port}"
 
     @property
     def vocab_size(self) -> int:
@@ -241,8 +242,8 @@ class EmulationServer:
                 row = self.model.logprobs(context)
                 rows[i] = row
                 q = np.exp(self._processed(row, temperature, top_k))
-                token = int(
-                    min(np.searchsorted(np.cumsum(q), rng.random(), side="right"), len(q) - 1)
+                token = min(
+                    int(np.searchsorted(np.cumsum(q), rng.random(), side="right")), len(q) - 1
                 )
                 ids.append(token)
                 context.append(token)

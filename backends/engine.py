@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -31,7 +31,13 @@ from backends.adapter import (
 from backends.base import Capabilities, EngineSpec, ProbeReport
 from backends.metrics import prefix_cache_metrics
 from backends.transport import Sleep, Transport
-from presto_client.engine import ProposalRequest, ScoredTokens, ScoreRequest, ScoreSpec
+from presto_client.engine import (
+    FloatArray,
+    ProposalRequest,
+    ScoredTokens,
+    ScoreRequest,
+    ScoreSpec,
+)
 from presto_client.errors import (
     EngineError,
     EngineRequestError,
@@ -193,7 +199,7 @@ class HttpEngine:
 
     # ---- stream
 
-    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+    async def stream(self, request: ProposalRequest) -> AsyncGenerator[ScoredTokens, None]:
         """Scores of one proposal, chunk by chunk as the server produces them.
 
         Raw modes stream over SSE; scaled modes (two calls) and dialects without streaming
@@ -411,7 +417,7 @@ class HttpEngine:
     @staticmethod
     def _relative_diffs(
         generated: TokenLogprobs, raw: TokenLogprobs
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[FloatArray, FloatArray]:
         """|Δgen − Δraw| and |Δgen − Δraw/τ| over the tokens in both top-K lists of a position,
         Δ taken against the sampled token."""
         rel_raw: list[float] = []
@@ -437,7 +443,7 @@ class HttpEngine:
                 d_raw = raw_row[token] - s_raw
                 rel_raw.append(abs(d_gen - d_raw))
                 rel_scaled.append(abs(d_gen - d_raw / PROBE_TEMPERATURE))
-        return np.asarray(rel_raw), np.asarray(rel_scaled)
+        return np.asarray(rel_raw, dtype=np.float64), np.asarray(rel_scaled, dtype=np.float64)
 
     async def _probe_seeds(self, model: str, report: ProbeReport) -> None:
         request = ProposalRequest(

@@ -8,8 +8,9 @@ shared transport. Third-party adapters register themselves with :func:`register_
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from backends.adapter import Adapter
 from backends.base import EngineSpec
 from presto_client.errors import ConfigError
 
@@ -25,13 +26,15 @@ _BUILTIN: dict[str, str] = {
     "sglang": "backends.sglang:SglangAdapter",
     "openai": "backends.openai_compat:OpenAICompatAdapter",
 }
-_REGISTRY: dict[str, Any] = {}
+_REGISTRY: dict[str, type[Adapter]] = {}
 
 
-def register_backend(name: str, adapter_cls: Any) -> None:
+def register_backend(name: str, adapter_cls: type[Adapter]) -> None:
     """Make ``adapter_cls`` available as ``kind: name`` (replaces an earlier registration)."""
     if not name or not isinstance(name, str):
         raise ConfigError(f"backend name must be a non-empty string, got {name!r}")
+    if not (isinstance(adapter_cls, type) and issubclass(adapter_cls, Adapter)):
+        raise ConfigError(f"backend {name!r}: {adapter_cls!r} is not a backends.adapter.Adapter")
     _REGISTRY[name] = adapter_cls
 
 
@@ -40,13 +43,13 @@ def available_backends() -> tuple[str, ...]:
     return tuple(sorted(set(_BUILTIN) | set(_REGISTRY)))
 
 
-def adapter_class(name: str) -> Any:
+def adapter_class(name: str) -> type[Adapter]:
     """The adapter class registered as ``name``; ConfigError listing the valid names otherwise."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if name in _BUILTIN:
         module_name, attr = _BUILTIN[name].split(":")
-        cls = getattr(importlib.import_module(module_name), attr)
+        cls: type[Adapter] = getattr(importlib.import_module(module_name), attr)
         _REGISTRY[name] = cls
         return cls
     raise ConfigError(

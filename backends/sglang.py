@@ -33,7 +33,7 @@ from backends.adapter import (
     token_id_value,
     topk_rows,
 )
-from presto_client.engine import ProposalRequest
+from presto_client.engine import FloatArray, IntArray, ProposalRequest
 from presto_client.errors import InvalidResponseError
 
 NEUTRAL_SAMPLING: dict[str, Any] = {
@@ -88,7 +88,7 @@ def _triples(
     return ids, values
 
 
-def _top_rows(entries: Any, n: int, k: int, label: str, what: str) -> tuple[Any, Any]:
+def _top_rows(entries: Any, n: int, k: int, label: str, what: str) -> tuple[IntArray, FloatArray]:
     if not isinstance(entries, list) or len(entries) != n:
         got = len(entries) if isinstance(entries, list) else "no"
         raise InvalidResponseError(f"{label}: {got} {what} rows for {n} tokens")
@@ -139,7 +139,9 @@ class SglangAdapter(Adapter):
             return ParsedModels([body["model_path"]])
         return super().parse_models(body)
 
-    def _sampling(self, temperature: float, max_new_tokens: int, seed: int | None) -> dict:
+    def _sampling(
+        self, temperature: float, max_new_tokens: int, seed: int | None
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {
             "max_new_tokens": int(max_new_tokens),
             "temperature": float(temperature),

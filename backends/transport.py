@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -247,7 +247,8 @@ class Transport:
             self._check_status(response, response.text, label)
             return response.text
 
-        return await self._with_retries(attempt, label)
+        text: str = await self._with_retries(attempt, label)
+        return text
 
     async def get_status(self, path: str) -> int:
         """The HTTP status of ``GET path`` with one attempt (connection errors propagate)."""
@@ -260,7 +261,7 @@ class Transport:
 
     async def stream_events(
         self, path: str, payload: dict[str, Any], *, label: str
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Server-sent events of a streaming POST, decoded from JSON, until ``[DONE]``.
 
         Connecting is retried like any request; once events have arrived a failure surfaces

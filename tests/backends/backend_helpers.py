@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from backends import EngineSpec, create_engine
 from backends.engine import HttpEngine
@@ -11,7 +12,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu"
 
 
 def make_engine(
-    kind: str, base_url: str, *, sleeps: list[float] | None = None, **spec_kw: object
+    kind: str, base_url: str, *, sleeps: list[float] | None = None, **spec_kw: Any
 ) -> HttpEngine:
     """An engine whose retry sleeps are patched out (and recorded in ``sleeps``)."""
 
@@ -19,5 +20,5 @@ def make_engine(
         if sleeps is not None:
             sleeps.append(seconds)
 
-    spec = EngineSpec(kind, (base_url,), **spec_kw)  # type: ignore[arg-type]
+    spec = EngineSpec(kind, (base_url,), **spec_kw)
     return create_engine(spec, sleep=sleep)

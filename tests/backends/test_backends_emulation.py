@@ -10,6 +10,7 @@ import asyncio
 import logging
 import socket
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def assert_matches_reference(
     assert (out.entropy <= entropy + TOL).all()  # top-K-with-tail estimate: a lower bound
 
 
-def engine(kind: str, server: EmulationServer, **kw: object) -> HttpEngine:
+def engine(kind: str, server: EmulationServer, **kw: Any) -> HttpEngine:
     return make_engine(kind, server.base_url, **kw)
 
 

@@ -386,7 +386,7 @@ def openai(top_k: int = 2) -> OpenAICompatAdapter:
 
 
 def test_openai_legacy_completions_shape() -> None:
-    body = {
+    body: dict[str, Any] = {
         "choices": [
             {
                 "text": "ab",

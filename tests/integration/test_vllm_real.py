@@ -86,7 +86,8 @@ async def test_probe_real_servers(
     print(f"\nprobe raw: {report.details}, max |Δ| {report.max_abs_logprob_diff:.2g}")
     processed = engine(vllm_processed_server, "processed")
     report = await processed.probe()
-    assert report.ok and report.max_abs_logprob_diff < FP32_TOL
+    assert report.ok and report.max_abs_logprob_diff is not None
+    assert report.max_abs_logprob_diff < FP32_TOL
     print(f"probe processed: {report.details}, max |Δ| {report.max_abs_logprob_diff:.2g}")
     # Mode mismatches are caught, with the fix in the message.
     wrong = engine(vllm_processed_server, "raw")
@@ -141,7 +142,7 @@ async def test_one_call_vs_two_call(
     in the intervals. Prints the largest |Δ log q_τ| over a few thousand tokens."""
     prompts = tokenize(vllm_raw_server, TEXTS)
     spec = ScoreSpec((TAU,), entropy=True)
-    reqs = proposals(prompts, 4, 64, spec)  # 8 prompts x 4 seeds x 64 tokens = 2048 tokens
+    reqs = proposals(prompts, 8, 64, spec)  # 8 prompts x 8 seeds x 64 tokens = 4096 tokens
     raw_eng = engine(vllm_raw_server, "raw", top_k=20)
     proc_eng = engine(vllm_processed_server, "processed", top_k=20)
     t0 = time.perf_counter()
@@ -176,7 +177,7 @@ async def test_one_call_vs_two_call(
         f"  largest |log p0 one-call − log p0 scoring call|: {max(logp0_diff):.3g}\n"
         f"  wall: one-call {t1 - t0:.1f} s, two-call {t2 - t1:.1f} s"
     )
-    assert compared >= 1500
+    assert compared >= 3000
     assert max(outside) < FP32_TOL
     await raw_eng.aclose()
     await proc_eng.aclose()
@@ -265,14 +266,30 @@ def _same_chain(a: Any, b: Any) -> None:
     ]
 
 
-@pytest.mark.parametrize("mode", ["raw", "processed"])
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [
+        ("raw", "power_mh"),
+        ("processed", "power_mh"),
+        ("raw", "entropy_cut"),
+        ("processed", "multi_try_mh"),  # exact tightening (several temperatures) needs scaled
+    ],
+)
 async def test_sampler_sequential_vs_crn(
-    mode: str, vllm_raw_server: VllmServer, vllm_processed_server: VllmServer
+    mode: str, kind: str, vllm_raw_server: VllmServer, vllm_processed_server: VllmServer
 ) -> None:
     server = vllm_raw_server if mode == "raw" else vllm_processed_server
     eng = engine(server, mode)
     (prompt,) = tokenize(server, TEXTS[:1])
-    sampler = SamplerConfig("power_mh", alpha=4.0, block_size=8, num_blocks=2, steps_per_block=4)
+    sampler = SamplerConfig(
+        kind,  # type: ignore[arg-type]
+        alpha=4.0,
+        block_size=8,
+        num_blocks=2,
+        steps_per_block=4,
+        k_try=2,
+        temperatures=(0.25, 0.5, 1.0),
+    )
     t0 = time.perf_counter()
     seq = await run_chain(eng, prompt, sampler, traversal="sequential", seed=3)
     t1 = time.perf_counter()
@@ -280,7 +297,7 @@ async def test_sampler_sequential_vs_crn(
     t2 = time.perf_counter()
     _same_chain(seq, crn)
     print(
-        f"\n{mode}: sequential {seq.stats.rounds} calls {t1 - t0:.1f} s, crn "
+        f"\n{kind}/{mode}: sequential {seq.stats.rounds} calls {t1 - t0:.1f} s, crn "
         f"{crn.stats.rounds} rounds {t2 - t1:.1f} s; accepts {crn.stats.accepts}/"
         f"{crn.stats.transitions}, ambiguous {crn.stats.ambiguous}"
     )
