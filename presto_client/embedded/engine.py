@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 if TYPE_CHECKING:
-    import torch
-
     from presto_client.embedded.model import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 SAMPLING_EPS = 1e-5
 """Temperatures below this are greedy (as in vLLM)."""
 
-KVList = list[tuple["torch.Tensor", "torch.Tensor"]]
+KVList = list[tuple[torch.Tensor, torch.Tensor]]
 """Per-layer (keys, values), each ``[batch, kv_heads, length, head_dim]``."""
 
 
@@ -303,9 +304,6 @@ class Engine:
         max_model_len: int = 2048,
         gather_s: float = 0.004,
     ) -> None:
-        import torch
-
-        self._torch = torch
         self.loaded = loaded
         self.model = loaded.model
         self.max_batch_size = max_batch_size
@@ -317,8 +315,9 @@ class Engine:
         self._inbox: queue.Queue[_Seq | None] = queue.Queue()
         self._pending: list[_Seq] = []
         self._batch: list[_Seq] = []
-        self._batch_kv: KVList = []
-        self._batch_mask: torch.Tensor | None = None
+        self._kbufs: list[torch.Tensor] = []
+        self._vbufs: list[torch.Tensor] = []
+        self._blen = 0
         self._next_id = 0
         self._id_lock = threading.Lock()
         self._stop = threading.Event()
@@ -395,7 +394,6 @@ class Engine:
     # ---- worker --------------------------------------------------------------------------
 
     def _run(self) -> None:
-        torch = self._torch
         try:
             with torch.inference_mode():
                 while not self._stop.is_set():
@@ -468,20 +466,12 @@ class Engine:
     def _forward(
         self,
         input_ids: torch.Tensor,
-        kv: KVList | None,
+        cache: DynamicCache,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         all_logits: bool = False,
-    ) -> tuple[torch.Tensor, KVList]:
-        """One forward pass; returns float32 logits ``[B, q, V]`` and the updated KV."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        if kv:
-            # Hand the tensors over without the copy that DynamicCache(ddp_cache_data=...) makes.
-            for layer, (k, v) in zip(cache.layers, kv, strict=True):
-                layer.lazy_initialization(k, v)
-                layer.keys, layer.values = k, v
+    ) -> torch.Tensor:
+        """One forward pass (``cache`` is updated in place); float32 logits ``[B, q, V]``."""
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "position_ids": position_ids,
@@ -494,8 +484,16 @@ class Engine:
         out = self.model(**kwargs)
         with self._stats_lock:
             self.stats.forward_passes += 1
-        new_kv = [(layer.keys, layer.values) for layer in cache.layers]
-        return out.logits.float(), new_kv
+        return out.logits.float()
+
+    def _cache_from(self, kv: KVList | None) -> DynamicCache:
+        """A ``DynamicCache`` holding ``kv`` (no copy; ``update`` concatenates into new tensors)."""
+        cache = DynamicCache(config=self.model.config)
+        if kv:
+            for layer, (k, v) in zip(cache.layers, kv, strict=True):
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+        return cache
 
     def _admit(self, seqs: list[_Seq]) -> None:
         groups: OrderedDict[tuple[int, ...], list[_Seq]] = OrderedDict()
@@ -521,37 +519,40 @@ class Engine:
                     self.stats.prefix_cache_queries += len(prompt)
                     self.stats.prefix_cache_hits += seq.cached_tokens
                     self.stats.prompt_tokens += len(prompt)
-                if self._emit_token(seq, logits) == "running":
-                    joined.append(seq)
+            rows = logits.unsqueeze(0).expand(len(members), -1)
+            running = self._sample(members, rows)
+            joined.extend(s for s, run in zip(members, running, strict=True) if run)
         if joined:
             self._merge(joined)
 
     def _prefill(self, prompt: tuple[int, ...]) -> tuple[torch.Tensor, KVList, int]:
         """Prefill ``prompt`` reusing the cache; returns (last logits [V], KV, cached tokens)."""
-        torch = self._torch
         prefix_kv, cached = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1)
         rest = prompt[cached:]
         input_ids = torch.tensor([rest], dtype=torch.long)
         positions = torch.arange(cached, len(prompt), dtype=torch.long).unsqueeze(0)
-        logits, kv = self._forward(input_ids, prefix_kv, positions, None)
+        cache = self._cache_from(prefix_kv)
+        logits = self._forward(input_ids, cache, positions, None)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
         self.prefix_cache.insert(prompt, kv)
         return logits[0, -1], kv, cached
 
     def _prefill_scoring(self, seq: _Seq) -> bool:
         """Full prefill with logits at every position (no cache read); True if it runs on."""
-        torch = self._torch
         prompt = seq.prompt
         k = seq.params.prompt_logprobs or 0
         input_ids = torch.tensor([prompt], dtype=torch.long)
         positions = torch.arange(len(prompt), dtype=torch.long).unsqueeze(0)
         try:
-            logits, kv = self._forward(input_ids, None, positions, None, all_logits=True)
+            cache = self._cache_from(None)
+            logits = self._forward(input_ids, cache, positions, None, all_logits=True)
         except Exception as exc:
             logger.exception("prefill failed")
             seq.handle.events.put(Failed(f"prefill failed: {exc!r}"))
             return False
         with self._stats_lock:
             self.stats.prompt_tokens += len(prompt)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
         self.prefix_cache.insert(prompt, kv)
         logp = torch.log_softmax(logits[0, :-1].double(), dim=-1)
         targets = torch.tensor(prompt[1:], dtype=torch.long)
@@ -566,34 +567,53 @@ class Engine:
             entries.append((float(chosen[pos]), int(ranks[pos]), top))
         seq.handle.events.put(PromptScores(entries=tuple(entries)))
         seq.kv = kv
-        return self._emit_token(seq, logits[0, -1]) == "running"
+        return self._sample([seq], logits[0, -1:])[0]
 
     # ---- sampling --------------------------------------------------------------------------
 
-    def _emit_token(self, seq: _Seq, logits: torch.Tensor) -> str:
-        """Sample the next token of ``seq`` from float32 ``logits`` [V]; emit it.
+    def _sample(self, seqs: Sequence[_Seq], logits: torch.Tensor) -> list[bool]:
+        """Sample one token per row of float32 ``logits`` ``[n, V]`` for ``seqs``; emit them.
 
-        Returns ``"running"``, or ``"done"`` after emitting :class:`Finished`.
+        Row-wise float64 math, one uniform per sampled token from the row's own generator: a
+        row's result does not depend on the other rows. Returns, per row, whether it runs on.
         """
-        torch = self._torch
-        params = seq.params
         logits64 = logits.double()
         logp = torch.log_softmax(logits64, dim=-1)
-        if params.temperature < SAMPLING_EPS:
-            token = int(torch.argmax(logits64))
-        else:
-            scaled = logits64 / params.temperature
-            probs = torch.exp(scaled - scaled.max())
-            cdf = torch.cumsum(probs, dim=0)
-            u = float(seq.rng.random()) * float(cdf[-1])
-            token = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))
-            token = min(token, cdf.shape[0] - 1)
-            while float(probs[token]) == 0.0 and token > 0:  # never sample a zero-mass token
-                token -= 1
-        top: tuple[tuple[int, float], ...] = ()
-        if params.logprobs:
-            top_v, top_i = torch.topk(logp, k=min(params.logprobs, logp.shape[0]))
-            top = tuple(zip(top_i.tolist(), top_v.tolist(), strict=True))
+        tokens = torch.argmax(logits64, dim=-1)
+        hot = [i for i, s in enumerate(seqs) if s.params.temperature >= SAMPLING_EPS]
+        if hot:
+            idx = torch.tensor(hot, dtype=torch.long)
+            temps = torch.tensor([seqs[i].params.temperature for i in hot], dtype=torch.float64)
+            scaled = logits64.index_select(0, idx) / temps.unsqueeze(1)
+            probs = torch.exp(scaled - scaled.max(dim=1, keepdim=True).values)
+            cdf = torch.cumsum(probs, dim=1)
+            u = torch.tensor([seqs[i].rng.random() for i in hot], dtype=torch.float64)
+            drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+            drawn = drawn.clamp(max=cdf.shape[1] - 1)
+            for r, i in enumerate(hot):
+                t = int(drawn[r])
+                while t > 0 and float(probs[r, t]) == 0.0:  # never a zero-mass token
+                    t -= 1
+                tokens[i] = t
+        kmax = max((s.params.logprobs or 0) for s in seqs)
+        top_i: list[list[int]] = []
+        top_v: list[list[float]] = []
+        if kmax:
+            values, indices = torch.topk(logp, k=min(kmax, logp.shape[1]), dim=-1)
+            top_v, top_i = values.tolist(), indices.tolist()
+        chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        running = []
+        for i, (seq, token) in enumerate(zip(seqs, tokens.tolist(), strict=True)):
+            k = seq.params.logprobs or 0
+            top = tuple(zip(top_i[i][:k], top_v[i][:k], strict=True)) if k else ()
+            running.append(self._emit(seq, int(token), float(chosen[i]), top))
+        return running
+
+    def _emit(
+        self, seq: _Seq, token: int, logprob: float, top: tuple[tuple[int, float], ...]
+    ) -> bool:
+        """Record and send ``token``; True if the sequence runs on (else it got Finished)."""
+        params = seq.params
         seq.output.append(token)
         reason: str | None = None
         eos = not params.ignore_eos and token in self.loaded.eos_token_ids
@@ -604,12 +624,12 @@ class Engine:
         ):
             reason = "length"
         seq.handle.events.put(
-            TokenEvent(token_id=token, logprob=float(logp[token]), top=top, finish_reason=reason)
+            TokenEvent(token_id=token, logprob=logprob, top=top, finish_reason=reason)
         )
         with self._stats_lock:
             self.stats.generation_tokens += 1
         if reason is None:
-            return "running"
+            return True
         seq.handle.events.put(
             Finished(
                 reason=reason,
@@ -624,62 +644,84 @@ class Engine:
                 self.stats.finished_stop += 1
             else:
                 self.stats.finished_length += 1
-        return "done"
+        return False
 
     # ---- the running batch -----------------------------------------------------------------
+    #
+    # The batch KV lives in per-layer buffers ``[B, heads, capacity, head_dim]``; rows are
+    # left-padded (zeros, masked out) so that every row's last token sits at ``self._blen - 1``.
+    # Each decode step writes one column in place (no per-step copy of the whole cache).
 
     def _merge(self, seqs: list[_Seq]) -> None:
         """Add prefilled sequences (each with its own batch-1 KV) to the running batch."""
-        torch = self._torch
-        old_len = self._batch_kv[0][0].shape[2] if self._batch else 0
+        old_len = self._blen if self._batch else 0
         new_len = max([old_len, *(s.kv_len for s in seqs)])
-        layers: KVList = []
-        n_layers = len(seqs[0].kv or [])
-        for li in range(n_layers):
-            ks: list[torch.Tensor] = []
-            vs: list[torch.Tensor] = []
+        shift = new_len - old_len
+        rows = len(self._batch) + len(seqs)
+        capacity = _capacity(new_len + 1)
+        kbufs: list[torch.Tensor] = []
+        vbufs: list[torch.Tensor] = []
+        first_kv = seqs[0].kv
+        assert first_kv is not None
+        for li, (k0, _) in enumerate(first_kv):
+            shape = (rows, k0.shape[1], capacity, k0.shape[3])
+            kb = torch.zeros(shape, dtype=k0.dtype)
+            vb = torch.zeros(shape, dtype=k0.dtype)
             if self._batch:
-                k, v = self._batch_kv[li]
-                ks.append(_left_pad(k, new_len - old_len))
-                vs.append(_left_pad(v, new_len - old_len))
-            for s in seqs:
+                n_old = len(self._batch)
+                kb[:n_old, :, shift:new_len] = self._kbufs[li][:, :, :old_len]
+                vb[:n_old, :, shift:new_len] = self._vbufs[li][:, :, :old_len]
+            for j, s in enumerate(seqs, start=len(self._batch)):
                 assert s.kv is not None
                 k, v = s.kv[li]
-                ks.append(_left_pad(k, new_len - k.shape[2]))
-                vs.append(_left_pad(v, new_len - v.shape[2]))
-            layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
+                kb[j, :, new_len - k.shape[2] : new_len] = k[0]
+                vb[j, :, new_len - v.shape[2] : new_len] = v[0]
+            kbufs.append(kb)
+            vbufs.append(vb)
         for s in self._batch:
-            s.pad += new_len - old_len
+            s.pad += shift
         for s in seqs:
             s.pad = new_len - s.kv_len
             s.kv = None
         self._batch.extend(seqs)
-        self._batch_kv = layers
-        self._batch_mask = self._mask_from_pads(new_len)
+        self._kbufs, self._vbufs, self._blen = kbufs, vbufs, new_len
 
-    def _mask_from_pads(self, length: int) -> torch.Tensor:
-        torch = self._torch
-        pads = torch.tensor([s.pad for s in self._batch], dtype=torch.long)
-        return (torch.arange(length).unsqueeze(0) >= pads.unsqueeze(1)).long()
+    def _ensure_capacity(self, length: int) -> None:
+        if self._kbufs and self._kbufs[0].shape[2] >= length:
+            return
+        capacity = _capacity(length)
+        for li in range(len(self._kbufs)):
+            for bufs in (self._kbufs, self._vbufs):
+                old = bufs[li]
+                new = torch.zeros(
+                    (old.shape[0], old.shape[1], capacity, old.shape[3]), dtype=old.dtype
+                )
+                new[:, :, : self._blen] = old[:, :, : self._blen]
+                bufs[li] = new
 
     def _decode_step(self) -> None:
-        torch = self._torch
         # Drop cancelled rows before paying for them.
         self._retire([s for s in self._batch if s.handle.cancelled], finished=False)
         if not self._batch:
             return
-        assert self._batch_mask is not None
+        self._ensure_capacity(self._blen + 1)
+        n = len(self._batch)
         input_ids = torch.tensor([[s.output[-1]] for s in self._batch], dtype=torch.long)
         positions = torch.tensor([[s.kv_len] for s in self._batch], dtype=torch.long)
-        mask = torch.cat(
-            [self._batch_mask, torch.ones((len(self._batch), 1), dtype=torch.long)], dim=1
-        )
-        logits, kv = self._forward(input_ids, self._batch_kv, positions, mask)
-        self._batch_kv = kv
-        self._batch_mask = mask
-        done = [
-            s for i, s in enumerate(self._batch) if self._emit_token(s, logits[i, -1]) == "done"
+        mask: torch.Tensor | None = None
+        if any(s.pad for s in self._batch):
+            pads = torch.tensor([s.pad for s in self._batch], dtype=torch.long)
+            mask = (torch.arange(self._blen + 1).unsqueeze(0) >= pads.unsqueeze(1)).long()
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [
+            _BufferLayer(kb, vb, self._blen)
+            for kb, vb in zip(self._kbufs, self._vbufs, strict=True)
         ]
+        logits = self._forward(input_ids, cache, positions, mask)
+        self._blen += 1
+        assert logits.shape[0] == n
+        running = self._sample(self._batch, logits[:, -1])
+        done = [s for s, run in zip(self._batch, running, strict=True) if not run]
         if done:
             self._retire(done, finished=True)
 
@@ -687,7 +729,6 @@ class Engine:
         """Remove rows from the batch; store the KV of finished ones in the prefix cache."""
         if not seqs:
             return
-        torch = self._torch
         gone = set(map(id, seqs))
         if finished:
             for s in seqs:
@@ -695,10 +736,10 @@ class Engine:
                 n = s.kv_len
                 kv = [
                     (
-                        k[row : row + 1, :, s.pad : s.pad + n].clone(),
-                        v[row : row + 1, :, s.pad : s.pad + n].clone(),
+                        kb[row : row + 1, :, s.pad : s.pad + n].clone(),
+                        vb[row : row + 1, :, s.pad : s.pad + n].clone(),
                     )
-                    for k, v in self._batch_kv
+                    for kb, vb in zip(self._kbufs, self._vbufs, strict=True)
                 ]
                 self.prefix_cache.insert((*s.prompt, *s.output)[:n], kv)
         else:
@@ -707,28 +748,43 @@ class Engine:
         keep = [i for i, s in enumerate(self._batch) if id(s) not in gone]
         self._batch = [self._batch[i] for i in keep]
         if not self._batch:
-            self._batch_kv = []
-            self._batch_mask = None
+            self._kbufs, self._vbufs, self._blen = [], [], 0
             return
         idx = torch.tensor(keep, dtype=torch.long)
         trim = min(s.pad for s in self._batch)
-        self._batch_kv = [
-            (k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
-            for k, v in self._batch_kv
-        ]
+        # index_select copies; dropping the common left padding is a view.
+        self._kbufs = [kb.index_select(0, idx)[:, :, trim:] for kb in self._kbufs]
+        self._vbufs = [vb.index_select(0, idx)[:, :, trim:] for vb in self._vbufs]
+        self._blen -= trim
         for s in self._batch:
             s.pad -= trim
-        assert self._batch_mask is not None
-        self._batch_mask = self._batch_mask.index_select(0, idx)[:, trim:]
 
 
-def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
-    if n <= 0:
-        return t
-    import torch
+class _BufferLayer(DynamicLayer):
+    """A KV cache layer over a preallocated buffer: ``update`` writes in place."""
 
-    pad = torch.zeros((t.shape[0], t.shape[1], n, t.shape[3]), dtype=t.dtype)
-    return torch.cat([pad, t], dim=2)
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int) -> None:
+        super().__init__()
+        self.lazy_initialization(kbuf, vbuf)
+        self.kbuf, self.vbuf, self.length = kbuf, vbuf, length
+        self.keys, self.values = kbuf[:, :, :length], vbuf[:, :, :length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        if end > self.kbuf.shape[2]:
+            raise RuntimeError("KV buffer too small (the engine reserves room before a step)")
+        self.kbuf[:, :, self.length : end] = key_states
+        self.vbuf[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        return self.keys, self.values
+
+
+def _capacity(length: int) -> int:
+    """Buffer length for ``length`` tokens: room to grow, rounded up to a multiple of 64."""
+    return ((length + length // 4 + 64) // 64) * 64
 
 
 def _cache_kwarg(model: Any) -> str:

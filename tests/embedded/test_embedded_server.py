@@ -121,7 +121,11 @@ def test_sampled_logprobs_equal_prompt_scores(client: httpx.Client) -> None:
     prompt = client.post(
         "/tokenize", json={"prompt": "Once upon a time, in a small village,"}
     ).json()["tokens"]
+    # Warm the prefix cache with a shorter prompt, so the generation below prefills a
+    # multi-token suffix on top of cached KV (the path that must agree with a full prefill).
+    complete(client, prompt=prompt[:-5], max_tokens=1, temperature=1.0, seed=0)
     gen = complete(client, prompt=prompt, max_tokens=16, temperature=0.7, seed=11, logprobs=5)
+    assert gen["usage"]["prompt_tokens"] == len(prompt)
     choice = gen["choices"][0]
     ids = choice["token_ids"]
     assert len(ids) == 16
