@@ -157,10 +157,11 @@ class ApiError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class CompletionRequest:
-    """A validated ``/v1/completions`` request."""
+    """A validated ``/v1/completions`` request (one or more prompts, one choice each)."""
 
-    prompt: tuple[int, ...]
-    params: SamplingParams
+    prompts: tuple[tuple[int, ...], ...]
+    params: tuple[SamplingParams, ...]
+    """Per prompt (``max_tokens`` is cut to the room each prompt leaves)."""
     logprobs: int | None
     prompt_logprobs: int | None
     return_token_ids: bool
@@ -449,16 +450,17 @@ class EmbeddedApp:
                     param=name,
                 )
 
-        prompt = self._completion_prompt(body)
+        prompts = self._completion_prompts(body)
         max_len = self.config.max_model_len
-        if len(prompt) >= max_len:
-            raise ApiError(
-                f"This model's maximum context length is {max_len} tokens. However, your prompt "
-                f"contains {len(prompt)} input tokens, which exceeds this limit even without any "
-                "output tokens. Please reduce the length of the input prompt.",
-                param="input_tokens",
-                value=len(prompt),
-            )
+        for prompt in prompts:
+            if len(prompt) >= max_len:
+                raise ApiError(
+                    f"This model's maximum context length is {max_len} tokens. However, your "
+                    f"prompt contains {len(prompt)} input tokens, which exceeds this limit even "
+                    "without any output tokens. Please reduce the length of the input prompt.",
+                    param="input_tokens",
+                    value=len(prompt),
+                )
         max_tokens = _opt_int(body, "max_tokens")
         if max_tokens is None:
             max_tokens = 16
@@ -468,7 +470,6 @@ class EmbeddedApp:
                 param="max_tokens",
                 value=max_tokens,
             )
-        max_tokens = min(max_tokens, max_len - len(prompt))
 
         temperature = _number(body, "temperature", 1.0)
         if temperature < 0.0:
@@ -510,17 +511,29 @@ class EmbeddedApp:
             raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
         stop_ids = self.check_ids(stop_ids_raw, "stop_token_ids")
 
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            ignore_eos=_flag(body, "ignore_eos", False),
-            stop_token_ids=frozenset(stop_ids),
+        if stream and len(prompts) > 1:
+            raise ApiError(
+                "the embedded engine streams one prompt per request; send several streamed "
+                "requests concurrently instead (they are batched)",
+                param="prompt",
+            )
+        ignore_eos = _flag(body, "ignore_eos", False)
+        params = tuple(
+            SamplingParams(
+                # vLLM cuts max_tokens silently to the room the prompt leaves.
+                max_tokens=min(max_tokens, max_len - len(prompt)),
+                temperature=temperature,
+                # All prompts of one request share its seed, as in vLLM.
+                seed=seed,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                ignore_eos=ignore_eos,
+                stop_token_ids=frozenset(stop_ids),
+            )
+            for prompt in prompts
         )
         return CompletionRequest(
-            prompt=tuple(prompt),
+            prompts=tuple(tuple(p) for p in prompts),
             params=params,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -531,32 +544,36 @@ class EmbeddedApp:
             include_usage=include_usage,
         )
 
-    def _completion_prompt(self, body: dict[str, Any]) -> list[int]:
+    def _completion_prompts(self, body: dict[str, Any]) -> list[list[int]]:
+        """``prompt``: a string, a list of token ids, or a list of either (one choice each)."""
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ApiError("the prompt must not be empty", param="prompt")
-            ids = self.encode(prompt, _flag(body, "add_special_tokens", True))
-        elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-            ids = self.check_ids(prompt, "prompt")
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-            raise ApiError(
-                "the embedded engine takes one prompt per request; send several requests "
-                "concurrently instead (they are batched)",
-                param="prompt",
-            )
-        elif prompt == []:
+        add_special = _flag(body, "add_special_tokens", True)
+        if prompt is None or prompt == [] or prompt == "":
             raise ApiError("You must pass at least one prompt", param="prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and _is_int(prompt[0])):
+            items: list[Any] = [prompt]
+        elif isinstance(prompt, list):
+            items = prompt
         else:
             raise ApiError(
-                "`prompt` must be a non-empty string or a non-empty list of token ids",
+                "`prompt` must be a string, a list of token ids, or a list of those",
                 param="prompt",
             )
-        if not ids:
-            raise ApiError("the prompt must contain at least one token", param="prompt")
-        return ids
+        out: list[list[int]] = []
+        for item in items:
+            if isinstance(item, str) and item:
+                ids = self.encode(item, add_special)
+            elif isinstance(item, list) and item:
+                ids = self.check_ids(item, "prompt")
+            else:
+                raise ApiError(
+                    "each prompt must be a non-empty string or a non-empty list of token ids",
+                    param="prompt",
+                )
+            if not ids:
+                raise ApiError("a prompt must contain at least one token", param="prompt")
+            out.append(ids)
+        return out
 
     def _logprob_count(self, body: dict[str, Any], name: str, kind: str) -> int | None:
         value = _opt_int(body, name)
@@ -638,21 +655,19 @@ class EmbeddedApp:
         req: CompletionRequest,
         request_id: str,
         created: int,
-        tokens: list[TokenEvent],
-        prompt_scores: PromptScores | None,
-        finished: Finished,
+        results: list[tuple[list[TokenEvent], PromptScores | None, Finished]],
     ) -> dict[str, Any]:
-        ids = [t.token_id for t in tokens]
-        text = self.decode(ids, req.skip_special_tokens)
-        return {
-            "id": request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": self.config.served_model_name,
-            "choices": [
+        """The full (non-streamed) response: one choice per prompt, in order."""
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = completion_tokens = 0
+        for index, (prompt, (tokens, scores, finished)) in enumerate(
+            zip(req.prompts, results, strict=True)
+        ):
+            ids = [t.token_id for t in tokens]
+            choices.append(
                 {
-                    "index": 0,
-                    "text": text,
+                    "index": index,
+                    "text": self.decode(ids, req.skip_special_tokens),
                     "logprobs": (
                         self.logprobs_block(req, tokens, 0) if req.logprobs is not None else None
                     ),
@@ -660,20 +675,26 @@ class EmbeddedApp:
                     "stop_reason": None,
                     "token_ids": ids if req.return_token_ids else None,
                     "prompt_logprobs": (
-                        self.prompt_logprobs_block(req.prompt, prompt_scores)
-                        if prompt_scores is not None
-                        else None
+                        self.prompt_logprobs_block(prompt, scores) if scores is not None else None
                     ),
-                    "prompt_token_ids": list(req.prompt) if req.return_token_ids else None,
+                    "prompt_token_ids": list(prompt) if req.return_token_ids else None,
                     "routed_experts": None,
                 }
-            ],
+            )
+            prompt_tokens += finished.prompt_tokens
+            completion_tokens += finished.completion_tokens
+        return {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": self.config.served_model_name,
+            "choices": choices,
             "service_tier": None,
             "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": {
-                "prompt_tokens": finished.prompt_tokens,
-                "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-                "completion_tokens": finished.completion_tokens,
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "completion_tokens": completion_tokens,
                 "prompt_tokens_details": None,
                 "completion_tokens_details": None,
             },
@@ -712,7 +733,7 @@ class EmbeddedApp:
                     "finish_reason": ev.finish_reason,
                     "stop_reason": None,
                     "prompt_token_ids": (
-                        list(req.prompt) if (req.return_token_ids and first) else None
+                        list(req.prompts[0]) if (req.return_token_ids and first) else None
                     ),
                     "token_ids": [ev.token_id] if req.return_token_ids else None,
                 }
@@ -858,27 +879,31 @@ class _Handler(BaseHTTPRequestHandler):
         req = app.parse_completion(body)
         request_id = f"cmpl-{uuid.uuid4().hex[:16]}"
         created = int(time.time())
-        handle = app.engine.submit(req.prompt, req.params)
+        handles = [
+            app.engine.submit(prompt, params)
+            for prompt, params in zip(req.prompts, req.params, strict=True)
+        ]
         try:
             if req.stream:
-                self._stream(req, request_id, created, handle)
+                self._stream(req, request_id, created, handles[0])
                 return
-            tokens: list[TokenEvent] = []
-            scores: PromptScores | None = None
-            for ev in self._events(handle):
-                if isinstance(ev, TokenEvent):
-                    tokens.append(ev)
-                elif isinstance(ev, PromptScores):
-                    scores = ev
-                elif isinstance(ev, Failed):
-                    raise ApiError(ev.message, status=HTTPStatus.INTERNAL_SERVER_ERROR)
-                else:
-                    self._json(
-                        200,
-                        app.completion_response(req, request_id, created, tokens, scores, ev),
-                    )
+            results: list[tuple[list[TokenEvent], PromptScores | None, Finished]] = []
+            for handle in handles:
+                tokens: list[TokenEvent] = []
+                scores: PromptScores | None = None
+                for ev in self._events(handle):
+                    if isinstance(ev, TokenEvent):
+                        tokens.append(ev)
+                    elif isinstance(ev, PromptScores):
+                        scores = ev
+                    elif isinstance(ev, Failed):
+                        raise ApiError(ev.message, status=HTTPStatus.INTERNAL_SERVER_ERROR)
+                    else:
+                        results.append((tokens, scores, ev))
+            self._json(200, app.completion_response(req, request_id, created, results))
         finally:
-            handle.cancel()  # no-op once finished; aborts on any early exit
+            for handle in handles:
+                handle.cancel()  # no-op once finished; aborts on any early exit
 
     def _stream(
         self, req: CompletionRequest, request_id: str, created: int, handle: RequestHandle

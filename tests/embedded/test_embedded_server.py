@@ -184,6 +184,19 @@ def test_greedy_and_string_prompt(client: httpx.Client) -> None:
     assert body["choices"][0]["logprobs"] is None
 
 
+def test_several_prompts_in_one_request(client: httpx.Client) -> None:
+    other = [504, 3575, 282, 7042]
+    body = complete(
+        client, prompt=[FRANCE, other], max_tokens=3, temperature=1.0, seed=4, logprobs=2
+    )
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["choices"][1]["prompt_token_ids"] == other
+    assert body["usage"]["prompt_tokens"] == 9 and body["usage"]["completion_tokens"] == 6
+    # All prompts share the request's seed, as in vLLM: each choice equals a lone request.
+    lone = complete(client, prompt=other, max_tokens=3, temperature=1.0, seed=4, logprobs=2)
+    assert body["choices"][1]["token_ids"] == lone["choices"][0]["token_ids"]
+
+
 def test_stops_at_eos_unless_ignored(client: httpx.Client) -> None:
     chat = client.post(
         "/tokenize",
@@ -249,7 +262,8 @@ def test_prefix_cache_hits_are_counted(client: httpx.Client) -> None:
         ({"prompt": [99999]}, 400, "Token id 99999 is out of vocabulary"),
         ({"prompt": []}, 400, "You must pass at least one prompt"),
         ({"prompt": [5] * 2048}, 400, "maximum context length is 2048"),
-        ({"prompt": [[1, 2], [3, 4]]}, 400, "one prompt per request"),
+        ({"prompt": [[1, 2], [3, 4]], "stream": True}, 400, "one prompt per request"),
+        ({"prompt": [[1, 2], []]}, 400, "non-empty"),
         ({"stream": True, "prompt_logprobs": 1}, 400, "not available when `stream=True`"),
         ({"model": "nope"}, 404, "The model `nope` does not exist"),
     ],
