@@ -49,6 +49,7 @@ from presto_client.reference import ReferenceModel
 logger = logging.getLogger(__name__)
 
 VLLM_SENTINEL = -9999.0
+GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature
 FLOAT32_MIN = -3.4028234663852886e38
 
 
@@ -231,6 +232,16 @@ class EmulationServer:
         """``n`` tokens and their raw rows (``top_k <= 0``: exactly ``ReferenceModel.sample``)."""
         if seed is None:
             seed = random.SystemRandom().randrange(2**63)
+        if temperature < GREEDY_BELOW:
+            with self._model_lock:
+                context = list(prefix)
+                greedy: list[int] = []
+                rows = np.empty((n, self.vocab_size))
+                for i in range(n):
+                    rows[i] = self.model.logprobs(context)
+                    greedy.append(int(np.argmax(rows[i])))
+                    context.append(greedy[-1])
+                return greedy, rows
         with self._model_lock:
             if top_k <= 0 or top_k >= self.vocab_size:
                 return self.model.sample(prefix, n, temperature, seed)
@@ -313,15 +324,20 @@ class EmulationServer:
         }
 
     def _vllm_validate(self, body: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompts = [prompt]
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(
-                isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise _BadRequest(
+                f"The model `{model}` does not exist. Valid aliases: {self.model_name}.",
+                "model",
+                status=404,
             )
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and not prompt:
+            raise _BadRequest("You must pass at least one prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and all(
+            isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt
         ):
             prompts = prompt
         else:
@@ -331,19 +347,21 @@ class EmulationServer:
         for p in prompts:
             for t in p:
                 if not 0 <= t < self.vocab_size:
-                    raise _BadRequest(f"Token id {t} is out of vocabulary", "prompt")
+                    raise _BadRequest(f"Token id {t} is out of vocabulary")
         max_tokens = body.get("max_tokens", 16)
         if max_tokens is None:
             max_tokens = 16
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise _BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
         for p in prompts:
-            if len(p) + max_tokens > self.max_model_len:
+            # A prompt over the context is a 400; prompt + max_tokens over it is not: vLLM
+            # silently cuts max_tokens (finish_reason "length").
+            if len(p) >= self.max_model_len:
                 raise _BadRequest(
                     f"This model's maximum context length is {self.max_model_len} tokens. "
-                    f"However, you requested {len(p) + max_tokens} tokens "
-                    f"({len(p)} in the messages, {max_tokens} in the completion).",
-                    "max_tokens",
+                    f"However, your prompt contains {len(p)} input tokens. Please reduce the "
+                    "length of the input prompt.",
+                    "input_tokens",
                 )
         top_k = body.get("top_k", 0)
         top_k = 0 if top_k is None else top_k
@@ -351,8 +369,8 @@ class EmulationServer:
             raise _BadRequest(f"top_k must be 0 (disable), or at least 1, got {top_k}.", "top_k")
         temperature = body.get("temperature", 1.0)
         temperature = 1.0 if temperature is None else float(temperature)
-        if temperature < 0:
-            raise _BadRequest(f"temperature must be non-negative, got {temperature}.")
+        if not 0.0 <= temperature <= 2.0:
+            raise _BadRequest(f"temperature must be in [0, 2], got {temperature}.", "temperature")
         limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
         for field_name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
             value = body.get(field_name)
@@ -378,6 +396,7 @@ class EmulationServer:
             "prompt_logprobs": body.get("prompt_logprobs"),
             "as_ids": bool(body.get("return_tokens_as_token_ids")),
             "return_token_ids": bool(body.get("return_token_ids")),
+            "include_usage": bool((body.get("stream_options") or {}).get("include_usage")),
         }
         return prompts, opts
 
@@ -420,7 +439,7 @@ class EmulationServer:
     def vllm_choice(
         self, index: int, prompt: list[int], opts: dict[str, Any]
     ) -> tuple[dict[str, Any], list[int], list[tuple[float, dict[str, float]]]]:
-        n = opts["max_tokens"]
+        n = min(opts["max_tokens"], self.max_model_len - len(prompt))
         temperature = opts["temperature"]
         top_k = opts["top_k"] if opts["top_k"] > 0 else 0
         ids, rows = self.sample(prompt, n, temperature, opts["seed"], top_k)
@@ -430,8 +449,8 @@ class EmulationServer:
         per_token: list[tuple[float, dict[str, float]]] = []
         if opts["logprobs"] is not None:
             for i, t in enumerate(ids):
-                if self.logprobs_mode == "raw_logprobs":
-                    row_ret = rows[i]
+                if self.logprobs_mode == "raw_logprobs" or temperature < GREEDY_BELOW:
+                    row_ret = rows[i]  # greedy requests return unscaled logprobs
                 else:
                     row_ret = self._processed(rows[i], temperature, top_k)
                 per_token.append(
@@ -527,6 +546,8 @@ class EmulationServer:
                 "model": self.model_name,
                 "choices": [chunk_choice],
             }
+        if not opts["include_usage"]:
+            return
         yield {
             "id": rid,
             "object": "text_completion",
@@ -556,6 +577,14 @@ class EmulationServer:
             "tokens.",
             "# TYPE vllm:prefix_cache_hits_total counter",
             f"vllm:prefix_cache_hits_total{{{labels}}} {float(self.stats.prefix_hits)}",
+            "# HELP vllm:external_prefix_cache_queries_total External prefix cache queries from "
+            "KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+            "# TYPE vllm:external_prefix_cache_queries_total counter",
+            f"vllm:external_prefix_cache_queries_total{{{labels}}} 0.0",
+            "# HELP vllm:external_prefix_cache_hits_total External prefix cache hits from KV "
+            "connector cross-instance cache sharing, in terms of number of cached tokens.",
+            "# TYPE vllm:external_prefix_cache_hits_total counter",
+            f"vllm:external_prefix_cache_hits_total{{{labels}}} 0.0",
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{{{labels}}} 0.0",

@@ -7,14 +7,16 @@ equal, every ``log q`` interval containing the exact value, exact scores equal.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
-from backend_helpers import make_engine
+from backend_helpers import FIXTURES, make_engine
 
 from backends.emulation import EmulationServer
 from backends.engine import HttpEngine
@@ -399,3 +401,88 @@ async def test_model_discovered_once(vllm_raw: EmulationServer) -> None:
     await eng.generate(proposals(2))
     assert vllm_raw.stats.requests["/v1/models"] == 1
     await eng.aclose()
+
+
+# ---- the emulation answers in the shapes a real vLLM 0.32 server gave
+
+
+def _fixture(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def _keys(d: dict[str, Any]) -> set[str]:
+    return set(d)
+
+
+async def test_emulation_vllm_shapes_match_real_fixtures(vllm_raw: EmulationServer) -> None:
+    real = _fixture("completion_raw_logprobs.response.json")
+    body = {**_fixture("completion_raw_logprobs.request.json"), "prompt": [1, 2, 3, 4, 5]}
+    body["model"] = "reference-64"
+    async with httpx.AsyncClient(base_url=vllm_raw.base_url) as client:
+        ours = (await client.post("/v1/completions", json=body)).json()
+        assert _keys(ours) == _keys(real)
+        assert _keys(ours["choices"][0]) == _keys(real["choices"][0])
+        assert _keys(ours["choices"][0]["logprobs"]) == _keys(real["choices"][0]["logprobs"])
+        assert _keys(ours["usage"]) == _keys(real["usage"])
+        top0 = ours["choices"][0]["logprobs"]["top_logprobs"][0]
+        assert all(k.startswith("token_id:") for k in top0) and len(top0) in (20, 21)
+        sampled = ours["choices"][0]["logprobs"]["tokens"][0]
+        assert next(iter(top0)) == sampled  # the sampled token is listed first
+        # prompt_logprobs: null first, bare-id keys, logprob/rank/decoded_token.
+        real_p = _fixture("completion_prompt_logprobs.response.json")["choices"][0]
+        ours_p = (await client.post("/v1/completions", json={**body, "prompt_logprobs": 0})).json()[
+            "choices"
+        ][0]
+        assert ours_p["prompt_logprobs"][0] is None
+        (entry,) = ours_p["prompt_logprobs"][1].values()
+        (real_entry,) = real_p["prompt_logprobs"][1].values()
+        assert _keys(entry) == _keys(real_entry)
+        assert list(ours_p["prompt_logprobs"][1]) == ["2"]
+        # The 400 above --max-logprobs, in vLLM's words and shape.
+        bad = await client.post("/v1/completions", json={**body, "logprobs": 50})
+        assert bad.status_code == 400
+        assert bad.json() == {
+            "error": {
+                **_fixture("error_400_logprobs_50.response.json")["error"],
+            }
+        }
+
+
+async def test_emulation_vllm_processed_topk_sentinels(vllm_processed: EmulationServer) -> None:
+    body = {**_fixture("completion_processed_topk.request.json"), "prompt": [1, 2, 3, 4, 5]}
+    body["model"] = "reference-64"
+    async with httpx.AsyncClient(base_url=vllm_processed.base_url) as client:
+        ours = (await client.post("/v1/completions", json=body)).json()
+    tops = ours["choices"][0]["logprobs"]["top_logprobs"]
+    assert ours["choices"][0]["token_ids"] is None  # not asked for, as in the real answer
+    for row in tops:  # top_k=3 masks the rest: logprobs=5 shows two -9999.0 entries
+        values = sorted(row.values(), reverse=True)
+        assert values[3:] == [-9999.0, -9999.0]
+
+
+async def test_vllm_request_errors_as_the_real_server_gives_them(
+    vllm_raw: EmulationServer,
+) -> None:
+    eng = engine("vllm", vllm_raw, model="nope")
+    with pytest.raises(EngineRequestError, match=r"HTTP 404.*`nope` does not exist"):
+        await eng.generate(proposals(1))
+    await eng.aclose()
+    eng = engine("vllm", vllm_raw)
+    too_long = ProposalRequest(tuple([1] * 1024), 4, 0.25, 1, SPEC)
+    with pytest.raises(EngineRequestError, match="maximum context length is 1024"):
+        await eng.generate([too_long])
+    # prompt + max_tokens over the context: vLLM silently returns fewer tokens.
+    cut = ProposalRequest(tuple([1] * 1020), 8, 0.25, 1, SPEC)
+    with pytest.raises(InvalidResponseError, match="returned 4 tokens, 8 were requested"):
+        await eng.generate([cut])
+    await eng.aclose()
+
+
+async def test_emulation_greedy_returns_unscaled_logprobs(vllm_processed: EmulationServer) -> None:
+    body = {"prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0.0, "logprobs": 1}
+    async with httpx.AsyncClient(base_url=vllm_processed.base_url) as client:
+        ours = (await client.post("/v1/completions", json=body)).json()
+    lps = ours["choices"][0]["logprobs"]["token_logprobs"]
+    rows = vllm_processed.model.rows([1, 2, 3], [0, 0, 0])
+    first = int(np.argmax(rows[0]))
+    assert lps[0] == pytest.approx(float(rows[0][first]))

@@ -177,6 +177,9 @@ def test_vllm_real_metrics_excerpt() -> None:
     assert metrics["prefix_cache_queries"] == 2258.0
     assert metrics["prefix_cache_hits"] == 64.0
     assert metrics["prefix_cache_hit_rate"] == pytest.approx(64 / 2258)
+    # vllm:external_prefix_cache_* (KV-connector sharing) must not be mixed in.
+    external = text + 'vllm:external_prefix_cache_hits_total{engine="0"} 1000.0\n'
+    assert prefix_cache_metrics(external, vllm().metric_names)["prefix_cache_hits"] == 64.0
     # The same names without the _total suffix are read too.
     bare = "vllm:prefix_cache_queries 10\nvllm:prefix_cache_hits 4\n"
     assert prefix_cache_metrics(bare, vllm().metric_names)["prefix_cache_hits"] == 4.0
