@@ -11,7 +11,10 @@ vLLM (``/v1/completions``, ``/health``, ``/v1/models``, ``/metrics``):
   ``-9999.0``; ``prompt_logprobs`` (always raw) keyed by bare ids with ``rank``, element 0
   ``null``; 400 with vLLM's error body when ``logprobs``/``prompt_logprobs`` exceed
   ``max_logprobs`` (``-1``: the vocabulary); ``top_k`` masking in processed mode (masked tokens
-  ``-9999.0``); seeds honoured (same generator as ``ReferenceModel.sample``); multi-prompt
+  ``-9999.0``); greedy below τ = 1e-5 (unscaled logprobs); ``prompt + max_tokens`` over
+  ``max_model_len`` silently cut, a prompt over it a 400 (``input_tokens``); an unknown model a
+  404; a stream's usage chunk only with ``stream_options.include_usage``; seeds honoured (same
+  generator as ``ReferenceModel.sample``); multi-prompt
   requests share the seed; SSE streaming with one token per event; prefix-cache counters in
   blocks of ``block_size`` tokens (prompt-logprob requests skip cache reads).
 
