@@ -51,8 +51,9 @@ def log_target(
 def target(model: ReferenceModel, prompt: Sequence[int], length: int, alpha: float) -> FloatArray:
     """``π_α`` over every response of ``length``."""
     logits = log_target(model, prompt, length, alpha)
-    w = np.exp(logits - logits.max())
-    return w / w.sum()
+    w: FloatArray = np.exp(logits - logits.max())
+    normalised: FloatArray = w / w.sum()
+    return normalised
 
 
 def _suffix_log_q(

@@ -120,7 +120,8 @@ def exact_scores(
 
 def _logsumexp_rows(x: FloatArray) -> FloatArray:
     top = x.max(axis=1, keepdims=True)
-    return (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))[:, 0]
+    out: FloatArray = (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))[:, 0]
+    return out
 
 
 def log_softmax(logits: FloatArray) -> FloatArray:

@@ -50,7 +50,7 @@ class CertaintyPredictor:
     @classmethod
     def fit(cls, cut_fractions: Sequence[float], classes: Sequence[int]) -> CertaintyPredictor:
         """Refit on recorded decisions (e.g. from a run's transitions) with scikit-learn."""
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
 
         x = np.asarray(cut_fractions, dtype=np.float64).reshape(-1, 1)
         y = np.asarray(classes, dtype=np.int64)

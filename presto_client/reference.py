@@ -69,7 +69,8 @@ class ReferenceModel:
             row = self.logprobs(context)
             rows[i] = row
             q = np.exp(log_softmax(row / temperature)[0])
-            token = int(min(np.searchsorted(np.cumsum(q), rng.random(), side="right"), len(q) - 1))
+            drawn = int(np.searchsorted(np.cumsum(q), rng.random(), side="right"))
+            token = min(drawn, len(q) - 1)  # guards the rounding of the last cumulative sum
             ids.append(token)
             context.append(token)
         return ids, rows

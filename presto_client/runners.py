@@ -267,7 +267,8 @@ class PrestoRunner(_Runner):
         self.stats.tokens_generated += tokens
 
         # The walk: every decision against the state realised at that node.
-        state, held, path = root, root.length, ()
+        state, held = root, root.length
+        path: tuple[bool, ...] = ()
         done = accepts = 0
         while k + done < self.config.steps_per_block:
             planned = plan.lookup(path)

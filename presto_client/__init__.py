@@ -1,0 +1,56 @@
+"""presto-client: fast, exact LLM power sampling (PowerMH, EntropyCut, MultiTryMH) with PreSTO.
+
+The public Python API::
+
+    from presto_client import SamplerConfig, run_chain
+    result = await run_chain(engine, prompt_ids, SamplerConfig(sampler="power_mh"),
+                             traversal="crn", n_pf=8, seed=0)
+
+``engine`` is any :class:`~presto_client.engine.Engine`: ``backends.create_engine(spec)`` for a
+vLLM/SGLang/OpenAI-compatible server, or :class:`ReferenceEngine` for the exact in-process model.
+Batch jobs, run directories and engine comparisons are in :mod:`presto_client.job` and the
+``presto`` command.
+"""
+
+from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest, ScoreSpec
+from presto_client.errors import (
+    ConfigError,
+    EngineError,
+    EngineRequestError,
+    EngineUnavailableError,
+    InvalidResponseError,
+    PrestoError,
+    ProbeError,
+)
+from presto_client.reference import ReferenceEngine, ReferenceModel
+from presto_client.runners import ChainResult, run_chain
+from presto_client.sampler_config import SAMPLERS, TRAVERSALS, SamplerConfig
+from presto_client.stats import ChainStats, RoundRecord, TransitionRecord
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SAMPLERS",
+    "TRAVERSALS",
+    "ChainResult",
+    "ChainStats",
+    "ConfigError",
+    "Engine",
+    "EngineError",
+    "EngineRequestError",
+    "EngineUnavailableError",
+    "InvalidResponseError",
+    "PrestoError",
+    "ProbeError",
+    "ProposalRequest",
+    "ReferenceEngine",
+    "ReferenceModel",
+    "RoundRecord",
+    "SamplerConfig",
+    "ScoreRequest",
+    "ScoreSpec",
+    "ScoredTokens",
+    "TransitionRecord",
+    "__version__",
+    "run_chain",
+]
