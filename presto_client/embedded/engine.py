@@ -324,6 +324,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._fatal: str | None = None
         self._cache_kw = _cache_kwarg(self.model)
+        self._decoder = self.model.get_decoder()
 
     # ---- public API ----------------------------------------------------------------------
 
@@ -496,46 +497,63 @@ class Engine:
         return cache
 
     def _admit(self, seqs: list[_Seq]) -> None:
-        groups: OrderedDict[tuple[int, ...], list[_Seq]] = OrderedDict()
+        """Prepare arrived requests and merge them into the running batch.
+
+        A request's context is its prompt but the last token: that context is prefilled (only
+        what the prefix cache lacks; nothing at all on a full hit) and the last prompt token is
+        fed by the next batched decode step, which samples the first token. Sequential
+        admission makes the proposals of a burst hit the context the first one stored.
+        """
         joined: list[_Seq] = []
         for seq in seqs:
             if seq.params.prompt_logprobs is not None:
                 if self._prefill_scoring(seq):
                     joined.append(seq)
-            else:
-                groups.setdefault(seq.prompt, []).append(seq)
-        for prompt, members in groups.items():
+                continue
             try:
-                logits, kv, cached = self._prefill(prompt)
+                seq.kv, seq.cached_tokens = self._prefill_context(seq.prompt[:-1])
             except Exception as exc:
                 logger.exception("prefill failed")
-                for seq in members:
-                    seq.handle.events.put(Failed(f"prefill failed: {exc!r}"))
+                seq.handle.events.put(Failed(f"prefill failed: {exc!r}"))
                 continue
-            for i, seq in enumerate(members):
-                seq.kv = kv
-                seq.cached_tokens = cached if i == 0 else len(prompt) - 1
-                with self._stats_lock:
-                    self.stats.prefix_cache_queries += len(prompt)
-                    self.stats.prefix_cache_hits += seq.cached_tokens
-                    self.stats.prompt_tokens += len(prompt)
-            rows = logits.unsqueeze(0).expand(len(members), -1)
-            running = self._sample(members, rows)
-            joined.extend(s for s, run in zip(members, running, strict=True) if run)
+            with self._stats_lock:
+                self.stats.prefix_cache_queries += len(seq.prompt)
+                self.stats.prefix_cache_hits += seq.cached_tokens
+                self.stats.prompt_tokens += len(seq.prompt)
+            joined.append(seq)
         if joined:
             self._merge(joined)
 
-    def _prefill(self, prompt: tuple[int, ...]) -> tuple[torch.Tensor, KVList, int]:
-        """Prefill ``prompt`` reusing the cache; returns (last logits [V], KV, cached tokens)."""
-        prefix_kv, cached = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1)
-        rest = prompt[cached:]
-        input_ids = torch.tensor([rest], dtype=torch.long)
-        positions = torch.arange(cached, len(prompt), dtype=torch.long).unsqueeze(0)
+    def _prefill_context(self, tokens: tuple[int, ...]) -> tuple[KVList, int]:
+        """KV of ``tokens`` (batch 1), reusing the prefix cache; returns (KV, cached tokens)."""
+        n = len(tokens)
+        if n == 0:
+            return self._empty_kv(), 0
+        prefix_kv, cached = self.prefix_cache.lookup(tokens, limit=n)
+        if cached == n and prefix_kv is not None:
+            return prefix_kv, n
+        input_ids = torch.tensor([tokens[cached:]], dtype=torch.long)
+        positions = torch.arange(cached, n, dtype=torch.long).unsqueeze(0)
         cache = self._cache_from(prefix_kv)
-        logits = self._forward(input_ids, cache, positions, None)
+        # The base model only: no logits are needed for a context.
+        self._decoder(
+            input_ids=input_ids, position_ids=positions, use_cache=True, **{self._cache_kw: cache}
+        )
+        with self._stats_lock:
+            self.stats.forward_passes += 1
         kv = [(layer.keys, layer.values) for layer in cache.layers]
-        self.prefix_cache.insert(prompt, kv)
-        return logits[0, -1], kv, cached
+        self.prefix_cache.insert(tokens, kv)
+        return kv, cached
+
+    def _empty_kv(self) -> KVList:
+        config = self.model.config
+        heads = int(config.num_key_value_heads)
+        head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        dtype = next(self.model.parameters()).dtype
+        empty = torch.zeros((1, heads, 0, head_dim), dtype=dtype)
+        return [(empty, empty) for _ in range(int(config.num_hidden_layers))]
 
     def _prefill_scoring(self, seq: _Seq) -> bool:
         """Full prefill with logits at every position (no cache read); True if it runs on."""
@@ -706,7 +724,10 @@ class Engine:
             return
         self._ensure_capacity(self._blen + 1)
         n = len(self._batch)
-        input_ids = torch.tensor([[s.output[-1]] for s in self._batch], dtype=torch.long)
+        # Each row feeds its newest token (the last prompt token before the first sample).
+        input_ids = torch.tensor(
+            [[s.output[-1] if s.output else s.prompt[-1]] for s in self._batch], dtype=torch.long
+        )
         positions = torch.tensor([[s.kv_len] for s in self._batch], dtype=torch.long)
         mask: torch.Tensor | None = None
         if any(s.pad for s in self._batch):
