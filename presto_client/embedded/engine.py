@@ -572,17 +572,22 @@ class Engine:
             self.stats.prompt_tokens += len(prompt)
         kv = [(layer.keys, layer.values) for layer in cache.layers]
         self.prefix_cache.insert(prompt, kv)
-        logp = torch.log_softmax(logits[0, :-1].double(), dim=-1)
-        targets = torch.tensor(prompt[1:], dtype=torch.long)
-        chosen = logp.gather(1, targets.unsqueeze(1)).squeeze(1)
-        ranks = (logp > chosen.unsqueeze(1)).sum(dim=1) + 1
         entries: list[tuple[float, int, tuple[tuple[int, float], ...]] | None] = [None]
-        if k > 0:
-            top_v, top_i = torch.topk(logp, k=min(k, logp.shape[-1]), dim=-1)
-            top_vl, top_il = top_v.tolist(), top_i.tolist()
-        for pos in range(len(prompt) - 1):
-            top = tuple(zip(top_il[pos], top_vl[pos], strict=True)) if k > 0 else ()
-            entries.append((float(chosen[pos]), int(ranks[pos]), top))
+        targets = torch.tensor(prompt[1:], dtype=torch.long)
+        chunk = 256  # bounds the float64 copies of [positions, vocab]
+        for start in range(0, len(prompt) - 1, chunk):
+            stop = min(start + chunk, len(prompt) - 1)
+            logp = torch.log_softmax(logits[0, start:stop].double(), dim=-1)
+            chosen = logp.gather(1, targets[start:stop].unsqueeze(1)).squeeze(1)
+            ranks = ((logp > chosen.unsqueeze(1)).sum(dim=1) + 1).tolist()
+            top_vl: list[list[float]] = [[] for _ in range(stop - start)]
+            top_il: list[list[int]] = [[] for _ in range(stop - start)]
+            if k > 0:
+                top_v, top_i = torch.topk(logp, k=min(k, logp.shape[-1]), dim=-1)
+                top_vl, top_il = top_v.tolist(), top_i.tolist()
+            for r, lp in enumerate(chosen.tolist()):
+                top = tuple(zip(top_il[r], top_vl[r], strict=True))
+                entries.append((float(lp), int(ranks[r]), top))
         seq.handle.events.put(PromptScores(entries=tuple(entries)))
         seq.kv = kv
         return self._sample([seq], logits[0, -1:])[0]
@@ -596,7 +601,7 @@ class Engine:
         row's result does not depend on the other rows. Returns, per row, whether it runs on.
         """
         logits64 = logits.double()
-        logp = torch.log_softmax(logits64, dim=-1)
+        log_z = torch.logsumexp(logits64, dim=-1)  # raw log p0 = logit - log Z (temperature 1)
         tokens = torch.argmax(logits64, dim=-1)
         hot = [i for i, s in enumerate(seqs) if s.params.temperature >= SAMPLING_EPS]
         if hot:
@@ -617,9 +622,11 @@ class Engine:
         top_i: list[list[int]] = []
         top_v: list[list[float]] = []
         if kmax:
-            values, indices = torch.topk(logp, k=min(kmax, logp.shape[1]), dim=-1)
+            # float32 -> float64 is exact, so the float32 ranking is the float64 one.
+            _, indices = torch.topk(logits, k=min(kmax, logits.shape[1]), dim=-1)
+            values = logits64.gather(1, indices) - log_z.unsqueeze(1)
             top_v, top_i = values.tolist(), indices.tolist()
-        chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        chosen = (logits64.gather(1, tokens.unsqueeze(1)).squeeze(1) - log_z).tolist()
         running = []
         for i, (seq, token) in enumerate(zip(seqs, tokens.tolist(), strict=True)):
             k = seq.params.logprobs or 0

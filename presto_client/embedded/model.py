@@ -67,6 +67,9 @@ def _force_offline() -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no tqdm bars in the server log
 
 
 class ModelPreparationError(RuntimeError):
