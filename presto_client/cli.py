@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve-embedded",
         help="serve the embedded CPU engine (vLLM dialect) on loopback",
         description="Serve SmolLM2-135M on the CPU with the vLLM HTTP dialect. Options are "
-        "passed on to the embedded server (see presto serve-embedded -- --help).",
+        "passed on to the embedded server (see presto serve-embedded --help).",
         add_help=False,
     )
     serve.add_argument("serve_args", nargs=argparse.REMAINDER)
@@ -488,8 +488,16 @@ _COMMANDS = {
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
     """The ``presto`` command; returns the exit status."""
+    arglist = list(argv) if argv is not None else sys.argv[1:]
+    if arglist and arglist[0] == "serve-embedded":
+        # Everything after the command belongs to the embedded server (its own --help too).
+        try:
+            return cmd_serve_embedded(argparse.Namespace(serve_args=arglist[1:]), sys.stdout)
+        except PrestoError as exc:
+            print(f"presto: error: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
     parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    args = parser.parse_args(arglist)
     stream = out or sys.stdout
     verbose = int(getattr(args, "verbose", 0) or 0)
     quiet = bool(getattr(args, "quiet", False))

@@ -189,3 +189,24 @@ def test_write_plots_needs_only_the_files(
     assert run_cli("run", str(write_config()), "--no-progress", "-q")[0] == 0
     files = write_plots(RunDir(tmp_path / "run"), tmp_path / "plots")
     assert len(files) == 3 and all(f.stat().st_size > 1000 for f in files)
+
+
+def test_validate_the_demo_without_starting_anything() -> None:
+    status, out = run_cli("validate", str(ROOT / "configs" / "demo.yaml"), "-o", "/nonexistent")
+    assert status == 0
+    assert "embedded CPU server (started by presto)" in out
+    assert "embedded/sequential, embedded/crn, embedded/predictive" in out
+
+
+def test_serve_embedded_delegates_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    import presto_client.embedded.__main__ as embedded_main
+
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str] | None = None) -> int:
+        seen.append(list(argv or []))
+        return 0
+
+    monkeypatch.setattr(embedded_main, "main", fake_main)
+    assert main(["serve-embedded", "--port", "8001", "--help"]) == 0
+    assert seen == [["--port", "8001", "--help"]]
