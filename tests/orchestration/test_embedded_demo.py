@@ -1,0 +1,62 @@
+"""The demo path on the real embedded engine (SmolLM2-135M on CPU), kept tiny."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from presto_client.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.embedded
+
+
+def _embedded_ready() -> bool:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        from presto_client.embedded.model import is_prepared
+    except ImportError:
+        return False
+    return is_prepared()
+
+
+@pytest.mark.skipif(not _embedded_ready(), reason="needs the 'embedded' extra and its model")
+def test_demo_config_runs_on_the_embedded_engine(tmp_path: Path) -> None:
+    out = io.StringIO()
+    status = main(
+        [
+            "run",
+            str(ROOT / "configs" / "demo.yaml"),
+            "--output",
+            str(tmp_path / "demo"),
+            "--no-progress",
+            "--set",
+            'prompts.texts=["What is 2+2?"]',
+            "--set",
+            "sampler.block_size=8",
+            "--set",
+            "sampler.steps_per_block=3",
+            "--set",
+            "sampler.traversals=[sequential, crn]",
+        ],
+        out=out,
+    )
+    assert status == 0, out.getvalue()
+    table = out.getvalue()
+    assert "embedded/sequential" in table and "embedded/crn" in table
+    samples = [
+        json.loads(x) for x in (tmp_path / "demo" / "samples.jsonl").read_text().splitlines()
+    ]
+    assert [s["status"] for s in samples] == ["ok", "ok"]
+    assert all(isinstance(s["text"], str) and s["text"] for s in samples)
+    assert samples[0]["prompt_len"] > 5  # the chat template was applied by /tokenize
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    crn = next(a for a in summary["arms"] if a["traversal"] == "crn")
+    assert crn["identical_to_baseline"] == 1  # float32: crn replays the baseline exactly
+    assert crn["prefix_cache_hit_rate"] is not None
