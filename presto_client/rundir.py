@@ -41,6 +41,7 @@ SAMPLES_FILE = "samples.jsonl"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
+LOCK_FILE = ".lock"
 FORMAT_VERSION = 1
 
 
@@ -131,6 +132,7 @@ class RunDir:
         self._samples: IO[str] | None = None
         self.finished: dict[str, dict[str, Any]] = {}
         self.session = 0
+        self._lock_fh: IO[str] | None = None
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -181,6 +183,23 @@ class RunDir:
         every chain's seed is on disk before it runs.
         """
         self.path.mkdir(parents=True, exist_ok=True)
+        if not self.exists() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
+            raise ConfigError(
+                f"{self.path} exists and is not a run directory; choose another --output"
+            )
+        self._lock()
+        try:
+            return self._open_locked(fingerprint, resolved_config, chains)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _open_locked(
+        self,
+        fingerprint: Mapping[str, Any],
+        resolved_config: Mapping[str, Any],
+        chains: Sequence[Mapping[str, Any]],
+    ) -> dict[str, dict[str, Any]]:
         info: dict[str, Any] = {}
         merged_engines: dict[str, Any] = dict(dict(fingerprint).get("engines", {}))
         if self.exists():
@@ -194,10 +213,6 @@ class RunDir:
                     "start over"
                 )
             merged_engines = {**old.get("engines", {}), **dict(fingerprint).get("engines", {})}
-        elif any(self.path.iterdir()):
-            raise ConfigError(
-                f"{self.path} exists and is not a run directory; choose another --output"
-            )
         self.finished = self._prepare_resume({str(c["chain_id"]) for c in chains})
         sessions = list(info.get("sessions", []))
         self.session = len(sessions)
@@ -218,6 +233,28 @@ class RunDir:
         self._records = (self.path / RECORDS_FILE).open("a", encoding="utf-8")
         self._samples = (self.path / SAMPLES_FILE).open("a", encoding="utf-8")
         return self.finished
+
+    def _unlock(self) -> None:
+        if self._lock_fh is not None:
+            self._lock_fh.close()  # closing the file releases the lock
+            self._lock_fh = None
+
+    def _lock(self) -> None:
+        """One session at a time per directory (an advisory lock, released on close/exit)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return
+        fh = (self.path / LOCK_FILE).open("a")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise ConfigError(
+                f"{self.path} is in use by another presto process; wait for it to finish, or "
+                "choose another --output"
+            ) from None
+        self._lock_fh = fh
 
     def _prepare_resume(self, planned: set[str]) -> dict[str, dict[str, Any]]:
         samples_path = self.path / SAMPLES_FILE
@@ -270,7 +307,7 @@ class RunDir:
                 fh.flush()
                 fh.close()
         self._records = self._samples = None
-        if self.exists():
+        if self.exists() and self._lock_fh is not None:
             try:
                 info = self.run_info()
                 sessions = info.get("sessions", [])
@@ -282,6 +319,7 @@ class RunDir:
                 )
             except (PrestoError, OSError) as exc:  # never mask the error that closes a session
                 logger.warning("could not update %s: %s", self.path / RUN_FILE, exc)
+        self._unlock()
 
     def __enter__(self) -> RunDir:
         return self

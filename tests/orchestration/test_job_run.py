@@ -232,3 +232,15 @@ def test_run_dir_reads_tolerate_a_truncated_line(tmp_path: Path) -> None:
     assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
     with pytest.raises(Exception, match="not a run directory"):
         RunDir(tmp_path).run_info()
+
+
+async def test_one_session_at_a_time_per_directory(tmp_path: Path) -> None:
+    plan = make_plan(make_config(tmp_path / "run"))
+    slow = CountingEngine(reference_engine(), delay_s=0.005)
+    task = asyncio.create_task(run_job_async(plan, engine_overrides={"ref": [slow]}))
+    await wait_until(lambda: (tmp_path / "run" / "records.jsonl").exists())
+    with pytest.raises(ConfigError, match="in use by another presto process"):
+        await run_job_async(plan)
+    await task  # the first session is unharmed
+    result = await run_job_async(plan)  # and the lock is released when it ends
+    assert result.skipped == len(plan.chains)
