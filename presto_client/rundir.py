@@ -8,6 +8,7 @@
       metrics.jsonl          per session and engine: prefix-cache counters before/after
       summary.json, summary.csv   per arm, written atomically (tmp + os.replace)
       plots/*.png            written by ``presto report`` from the files above
+      .lock                  held by the session writing the directory (one at a time)
 
 Resume: opening an existing directory keeps the chains that finished ok (the last sample line
 of a chain wins; a truncated last line is tolerated), drops the records and samples of every
