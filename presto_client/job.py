@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest
-from presto_client.errors import ConfigError, ProbeError
+from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.job_config import (
     EmbeddedEngineConfig,
     HttpEngineConfig,
@@ -301,9 +301,14 @@ def start_embedded_servers(
         ) from None
     for e in embedded:
         logger.info("starting the embedded engine %s (%s, %s)", e.name, EMBEDDED_MODEL, e.dtype)
-        urls[str(e.name)] = stack.enter_context(
-            embedded_server(e.port, dtype=e.dtype, startup_timeout_s=e.startup_timeout_s)
-        )
+        try:
+            urls[str(e.name)] = stack.enter_context(
+                embedded_server(e.port, dtype=e.dtype, startup_timeout_s=e.startup_timeout_s)
+            )
+        except (RuntimeError, OSError) as exc:
+            raise EngineUnavailableError(
+                f"the embedded engine did not start: {exc}", engine=str(e.name)
+            ) from exc
     return urls
 
 
