@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from presto_client.embedded.engine import Engine, SamplingParams
         from presto_client.embedded.model import ModelPreparationError, load_model, prepare_model
-        from presto_client.embedded.server import EmbeddedApp, ServerConfig, make_server
+        from presto_client.embedded.server import EmbeddedApp, ServerConfig, bind_server
     except ImportError as exc:  # torch / transformers missing
         logger.error(
             "the embedded engine needs the 'embedded' extra (pip install 'presto-client[embedded]')"
@@ -111,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         pass
 
+    # Bind first: a port clash fails at once, not after the model has loaded.
+    try:
+        server = bind_server(args.host, args.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%s: %s", args.host, args.port, exc)
+        return 1
+    url = server.base_url
     t0 = time.monotonic()
     loaded = load_model(folder, dtype=args.dtype, num_threads=args.threads)
     engine = Engine(
@@ -124,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     engine.submit([1, 2, 3, 4], SamplingParams(max_tokens=4, temperature=1.0, seed=0)).result(300)
     engine.reset()
     config = ServerConfig(max_model_len=args.max_model_len, max_logprobs=args.max_logprobs)
-    server = make_server(EmbeddedApp(loaded, engine, config), args.host, args.port)
-    host, port = server.server_address[:2]
-    url = f"http://{host}:{port}"
+    server.set_app(EmbeddedApp(loaded, engine, config))
 
     def _terminate(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt

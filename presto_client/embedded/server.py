@@ -772,7 +772,14 @@ class ClientGone(Exception):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "presto-embedded/0.1"
-    app: EmbeddedApp  # set on the subclass made by make_server
+    server: EmbeddedHTTPServer
+
+    @property
+    def app(self) -> EmbeddedApp:
+        app = self.server.app
+        if app is None:  # pragma: no cover - serve_forever starts after set_app
+            raise RuntimeError("the server has no app yet")
+        return app
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -931,12 +938,33 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class EmbeddedHTTPServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` that is bound early (a port clash fails before the model
+    loads) and gets its :class:`EmbeddedApp` later with :meth:`set_app`."""
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
 
+    def __init__(self, address: tuple[str, int]) -> None:
+        super().__init__(address, _Handler)
+        self.app: EmbeddedApp | None = None
+
+    def set_app(self, app: EmbeddedApp) -> None:
+        self.app = app
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+def bind_server(host: str = "127.0.0.1", port: int = 0) -> EmbeddedHTTPServer:
+    """Bind the server socket (``port=0`` picks a free port); call ``set_app`` before serving."""
+    return EmbeddedHTTPServer((host, port))
+
 
 def make_server(app: EmbeddedApp, host: str = "127.0.0.1", port: int = 0) -> EmbeddedHTTPServer:
-    """Bind the server (``port=0`` picks a free port; read it from ``server_address``)."""
-    handler = type("EmbeddedHandler", (_Handler,), {"app": app})
-    return EmbeddedHTTPServer((host, port), handler)
+    """Bind the server and attach ``app`` (tests and embedding)."""
+    server = bind_server(host, port)
+    server.set_app(app)
+    return server

@@ -7,6 +7,7 @@ import pytest
 pytestmark = pytest.mark.embedded
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 from presto_client.embedded.engine import PrefixCache  # noqa: E402
 
