@@ -107,6 +107,7 @@ class EmbeddedServer:
         env = dict(os.environ)
         env["HF_HUB_OFFLINE"] = "1"
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see presto_client.embedded.__main__
         logger.info("starting the embedded server: %s", " ".join(cmd))
         with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
