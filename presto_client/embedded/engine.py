@@ -485,13 +485,14 @@ class Engine:
         out = self.model(**kwargs)
         with self._stats_lock:
             self.stats.forward_passes += 1
-        return out.logits.float()
+        logits: torch.Tensor = out.logits.float()
+        return logits
 
     def _cache_from(self, kv: KVList | None) -> DynamicCache:
         """A ``DynamicCache`` holding ``kv`` (no copy; ``update`` concatenates into new tensors)."""
         cache = DynamicCache(config=self.model.config)
         if kv:
-            for layer, (k, v) in zip(cache.layers, kv, strict=True):
+            for layer, (k, v) in zip(_dynamic_layers(cache), kv, strict=True):
                 layer.lazy_initialization(k, v)
                 layer.keys, layer.values = k, v
         return cache
@@ -541,7 +542,7 @@ class Engine:
         )
         with self._stats_lock:
             self.stats.forward_passes += 1
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        kv = _cache_kv(cache)
         self.prefix_cache.insert(tokens, kv)
         return kv, cached
 
@@ -570,7 +571,7 @@ class Engine:
             return False
         with self._stats_lock:
             self.stats.prompt_tokens += len(prompt)
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        kv = _cache_kv(cache)
         self.prefix_cache.insert(prompt, kv)
         entries: list[tuple[float, int, tuple[tuple[int, float], ...]] | None] = [None]
         targets = torch.tensor(prompt[1:], dtype=torch.long)
@@ -788,11 +789,11 @@ class Engine:
             s.pad -= trim
 
 
-class _BufferLayer(DynamicLayer):
+class _BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A KV cache layer over a preallocated buffer: ``update`` writes in place."""
 
     def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.lazy_initialization(kbuf, vbuf)
         self.kbuf, self.vbuf, self.length = kbuf, vbuf, length
         self.keys, self.values = kbuf[:, :, :length], vbuf[:, :, :length]
@@ -813,6 +814,23 @@ class _BufferLayer(DynamicLayer):
 def _capacity(length: int) -> int:
     """Buffer length for ``length`` tokens: room to grow, rounded up to a multiple of 64."""
     return ((length + length // 4 + 64) // 64) * 64
+
+
+def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    layers = list(cache.layers)
+    if not all(isinstance(layer, DynamicLayer) for layer in layers):
+        raise TypeError("the embedded engine needs a model whose KV cache is all DynamicLayer")
+    return [layer for layer in layers if isinstance(layer, DynamicLayer)]
+
+
+def _cache_kv(cache: DynamicCache) -> KVList:
+    """Per-layer (keys, values) held by ``cache``."""
+    out: KVList = []
+    for layer in _dynamic_layers(cache):
+        if layer.keys is None or layer.values is None:
+            raise RuntimeError("a KV cache layer was never filled")
+        out.append((layer.keys, layer.values))
+    return out
 
 
 def _cache_kwarg(model: Any) -> str:

@@ -70,7 +70,7 @@ def _force_offline() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # no tqdm bars in the server log
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # no tqdm bars in logs
 
 
 class ModelPreparationError(RuntimeError):
@@ -173,7 +173,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     config.dtype = "float32"
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     missing, unexpected = fresh.load_state_dict(gguf_model.state_dict(), strict=False)
     # A tied lm_head may be reported missing; anything else is a real mismatch.
     missing = [k for k in missing if k != "lm_head.weight"]
@@ -276,7 +276,7 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=tdtype, local_files_only=True, attn_implementation="sdpa"
     )
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     model.requires_grad_(False)
     config = model.config
     eos: set[int] = set()

@@ -832,7 +832,7 @@ class _Handler(BaseHTTPRequestHandler):
             readable, _, _ = select.select([conn], [], [], 0)
             if not readable:
                 return False
-            return conn.recv(1, socket.MSG_PEEK) == b""
+            return bool(conn.recv(1, socket.MSG_PEEK) == b"")
         except (OSError, ValueError):
             return True
 
@@ -970,6 +970,8 @@ class EmbeddedHTTPServer(ThreadingHTTPServer):
     @property
     def base_url(self) -> str:
         host, port = self.server_address[:2]
+        if isinstance(host, bytes):
+            host = host.decode()
         return f"http://{host}:{port}"
 
 

@@ -9,10 +9,10 @@ pytestmark = pytest.mark.embedded
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from presto_client.embedded.engine import PrefixCache  # noqa: E402
+from presto_client.embedded.engine import KVList, PrefixCache  # noqa: E402
 
 
-def kv_for(tokens: list[int], layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def kv_for(tokens: list[int], layers: int = 2) -> KVList:
     """Fake per-layer KV whose values record the token at each position."""
     t = torch.tensor(tokens, dtype=torch.float32).view(1, 1, -1, 1).expand(1, 2, -1, 3)
     return [(t.clone() + li, -t.clone() - li) for li in range(layers)]
