@@ -81,7 +81,9 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the embedded server until SIGINT/SIGTERM; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    invoked_as = os.path.basename(sys.argv[0]) if sys.argv else ""
+    prog = "presto serve-embedded" if invoked_as == "presto" else "python -m presto_client.embedded"
+    args = build_parser(prog).parse_args(argv)
     _configure_logging(args.verbose, args.quiet)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

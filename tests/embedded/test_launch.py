@@ -24,3 +24,18 @@ def test_port_clash_fails_fast_with_the_log() -> None:
         ):
             pytest.fail("the server should not have started")
         assert time.monotonic() - t0 < 60  # before the model loads
+
+
+async def test_async_variant_starts_and_stops() -> None:
+    import httpx
+
+    from presto_client.embedded.launch import async_embedded_server
+
+    async with (
+        async_embedded_server(startup_timeout_s=300) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
+        assert (await client.get("/health")).status_code == 200
+    async with httpx.AsyncClient(base_url=url, timeout=2) as after:
+        with pytest.raises(httpx.TransportError):
+            await after.get("/health")  # stopped on exit
