@@ -311,6 +311,14 @@ def test_streaming_matches_non_streaming(client: httpx.Client) -> None:
         lines = [line for line in resp.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    vllm = [
+        json.loads(line.removeprefix("data: "))
+        for line in (FIXTURES / "completion_stream.sse.txt").read_text().splitlines()
+        if line.startswith("data: {")
+    ]
+    assert set(chunks[0]) == set(vllm[0]) and set(chunks[-1]) == set(vllm[-1])
+    assert set(chunks[0]["choices"][0]) == set(vllm[0]["choices"][0])
+    assert set(chunks[-1]["usage"]) == set(vllm[-1]["usage"])
     usage = chunks.pop()
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
     assert len(chunks) == 6
