@@ -473,8 +473,9 @@ class HttpEngine:
                 logger.debug("[%s] full-vocabulary scoring refused: %s", self.name, exc)
         if not self._scoring_ok:
             report.warnings.append(
-                f"exact scoring unavailable (Engine.score will raise): "
-                f"{self.adapter.hint_for_scoring()}"
+                "exact scoring unavailable: decisions are certified from top-K logprobs, and the "
+                "rare one whose interval cannot settle it will fail its chain (resumable). "
+                f"To tighten such decisions instead: {self.adapter.hint_for_scoring()}"
             )
         report.details["exact_scoring"] = float(bool(self._scoring_ok))
 
