@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(cumulative model-call time vs completed transitions, transitions per call, speedup "
         "per prompt) into RUN_DIR/plots (or --output).",
     )
-    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    report.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by presto run"
+    )
     report.add_argument("--output", "-o", metavar="DIR", help="where to write the plots")
     report.add_argument("--no-plots", action="store_true", help="tables only")
     _common(report)
@@ -159,7 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("config", metavar="CONFIG", help="job config (YAML)")
     validate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE"
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set sampler.alpha=4 --set engines[0].base_url=...",
     )
     validate.add_argument("--output", "-o", metavar="DIR", help="run directory to check")
     validate.add_argument(
