@@ -11,7 +11,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 _EPILOG = """\
 examples:
@@ -43,7 +46,11 @@ Rerunning `presto run` on the same output directory resumes it: finished chains 
 
 
 class _Interrupted(Exception):
-    """Ctrl-C during a job, already reported to the user."""
+    """Ctrl-C (or SIGTERM) during a job, already reported to the user."""
+
+    def __init__(self, status: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 def _version() -> str:
@@ -266,6 +273,30 @@ class ProgressBar:
             yield
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt(received: dict[str, int]) -> Iterator[None]:
+    """SIGTERM (``kill``, ``timeout``, a batch scheduler, ``docker stop``) stops a job as Ctrl-C
+    does: running chains are cancelled, finished ones stay on disk, embedded servers are stopped.
+    Without this the process dies at once and leaves an embedded server running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        received["signal"] = signum
+        on_sigint = signal.getsignal(signal.SIGINT)  # asyncio.run's handler while a job runs
+        if callable(on_sigint) and on_sigint is not signal.default_int_handler:
+            on_sigint(signal.SIGINT, frame)
+            return
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _progress_enabled(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty() and not getattr(args, "quiet", False)
 
@@ -299,6 +330,7 @@ def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
 
     progress = ProgressBar(_progress_enabled(args))
     state: dict[str, int] = {}
+    received: dict[str, int] = {}
 
     def on_start(total: int, finished: int) -> None:
         state.update(total=total, finished=finished)
@@ -310,19 +342,22 @@ def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
         progress.start(total, finished)
 
     try:
-        with progress.logging_redirected():
+        with progress.logging_redirected(), _sigterm_as_interrupt(received):
             return run_job(plan, sinks=[progress], probe=not args.no_probe, on_start=on_start)
     except KeyboardInterrupt:
         progress.close()
         from presto_client.rundir import RunDir, finished_ok
 
         done = len(finished_ok(RunDir(plan.output_dir).samples()))
+        terminated = received.get("signal") == signal.SIGTERM
+        what = "terminated (SIGTERM)" if terminated else "interrupted"
+        total = state.get("total", len(plan.chains))
         print(
-            f"interrupted: {done} of {state.get('total', len(plan.chains))} chain(s) finished "
+            f"{what}: {done} of {total} chain(s) finished "
             f"are saved in {plan.output_dir}; rerun the same command to resume",
             file=sys.stderr,
         )
-        raise _Interrupted from None
+        raise _Interrupted(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         progress.close()
 
@@ -525,8 +560,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             logger.exception("error")
         print(f"presto: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except _Interrupted:
-        return EXIT_INTERRUPTED
+    except _Interrupted as exc:
+        return exc.status
     except KeyboardInterrupt:
         print("presto: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -47,3 +47,29 @@ def test_sigint_stops_cleanly_and_rerun_resumes(
     assert "already finished" in rerun.stdout
     ids = [json.loads(line)["chain_id"] for line in samples.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 16
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_stops_like_ctrl_c(write_config: Callable[..., Path], tmp_path: Path) -> None:
+    """A scheduler's / ``timeout``'s SIGTERM: a clean stop (exit 143), the session closed."""
+    config = write_config(
+        engines=[{"kind": "reference", "name": "ref", "vocab_size": 6, "latency_s": 0.01}],
+        max_active_chains=2,
+    )
+    cmd = [sys.executable, "-m", "presto_client.cli", "run", str(config), "--no-progress"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    samples = tmp_path / "run" / "samples.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if samples.exists() and samples.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the job finished before it could be terminated"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "terminated (SIGTERM)" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err
+    sessions = json.loads((tmp_path / "run" / "run.json").read_text())["sessions"]
+    assert sessions[-1]["finished"] is not None and sessions[-1]["completed"] is False
