@@ -13,13 +13,18 @@ Requests go through the engine's own HTTP transport (its client, timeouts and re
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from presto_client.errors import EngineError, EngineRequestError
 
 logger = logging.getLogger(__name__)
+
+_NO_DETOKENIZE: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Engines whose server cannot detokenize: asked (and logged) once, not once per chain."""
 
 
 async def _post(engine: Any, paths: Sequence[str], payload: dict[str, Any], label: str) -> Any:
@@ -39,9 +44,9 @@ async def _post(engine: Any, paths: Sequence[str], payload: dict[str, Any], labe
         except EngineRequestError as exc:  # 404 on one path: try the next
             last = exc
     assert last is not None
-    raise EngineError(
-        f"the server cannot {label} ({last}); give prompts.token_ids, or use a server with a "
-        f"{' or '.join(paths)} endpoint",
+    fix = "give prompts.token_ids, or use" if label == "tokenize" else "responses need"
+    raise EngineRequestError(  # every path rejected: asking again will not help
+        f"the server cannot {label} ({last}); {fix} a server with a {' or '.join(paths)} endpoint",
         engine=getattr(engine, "name", ""),
     )
 
@@ -80,7 +85,7 @@ async def decode(engine: Any, token_ids: Sequence[int]) -> str | None:
     try:
         if callable(own):
             return str(await own(list(token_ids)))
-        if getattr(engine, "transport", None) is None:
+        if getattr(engine, "transport", None) is None or engine in _NO_DETOKENIZE:
             return None
         body = await _post(
             engine,
@@ -89,7 +94,10 @@ async def decode(engine: Any, token_ids: Sequence[int]) -> str | None:
             "detokenize",
         )
     except EngineError as exc:
-        logger.info("no response text: %s", exc)
+        if isinstance(exc, EngineRequestError):
+            with contextlib.suppress(TypeError):  # not weak-referenceable: ask each time
+                _NO_DETOKENIZE.add(engine)
+        logger.info("no response text (samples keep the token ids): %s", exc)
         return None
     text = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
     return text if isinstance(text, str) else None

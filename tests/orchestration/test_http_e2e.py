@@ -133,3 +133,14 @@ async def test_tokenize_falls_back_and_explains() -> None:
     with pytest.raises(EngineError, match=r"give prompts\.token_ids"):
         await encode(nothing, "x")
     assert await decode(nothing, [1]) is None  # a missing text never fails a chain
+
+
+async def test_a_server_without_detokenize_is_asked_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Not two failing requests and a log line per chain: once per engine."""
+    engine = _FakeEngine({})
+    with caplog.at_level("INFO", logger="presto_client.prompt_tokens"):
+        for _ in range(5):
+            assert await decode(engine, [1, 2]) is None
+    assert [p for p, _ in engine.transport.sent] == ["/detokenize", "/v1/detokenize"]
+    assert len(caplog.records) == 1
+    assert "samples keep the token ids" in caplog.text and "give prompts" not in caplog.text
