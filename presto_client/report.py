@@ -392,6 +392,11 @@ def cumulative_curves(
     return curves
 
 
+def arm_colors(arms: Sequence[str]) -> dict[str, str]:
+    """One colour per arm, the same in every plot (matplotlib's default cycle, in table order)."""
+    return {arm: f"C{i % 10}" for i, arm in enumerate(arms)}
+
+
 def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
     """PNG plots of a saved run; returns the files written."""
     plt = _pyplot()
@@ -401,6 +406,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
     records = run.records()
     summary = summarize_run(run)
     arms = [str(a["arm"]) for a in summary["arms"]]
+    color = arm_colors(arms)
     written: list[Path] = []
 
     curves = cumulative_curves(records, samples)
@@ -409,7 +415,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         for arm in arms:
             if arm in curves:
                 xs, ys = curves[arm]
-                ax.step(xs, ys, where="post", label=arm)
+                ax.step(xs, ys, where="post", label=arm, color=color[arm])
         ax.set_xlabel("completed transitions")
         ax.set_ylabel("cumulative model-call time, s (mean over chains)")
         ax.set_title("Model-call time against completed transitions")
@@ -453,7 +459,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         for j, arm in enumerate(sp_arms):
             bar_x = [i + (j - (len(sp_arms) - 1) / 2) * width for i in range(len(prompts))]
             bar_y = [per_prompt[arm].get(str(p), float("nan")) for p in prompts]
-            ax.bar(bar_x, bar_y, width=width, label=arm)
+            ax.bar(bar_x, bar_y, width=width, label=arm, color=color[arm])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(prompts)), [str(p) for p in prompts])
         ax.set_xlabel("prompt")

@@ -210,3 +210,25 @@ def test_serve_embedded_delegates_every_argument(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(embedded_main, "main", fake_main)
     assert main(["serve-embedded", "--port", "8001", "--help"]) == 0
     assert seen == [["--port", "8001", "--help"]]
+
+
+def test_an_arm_has_one_colour_in_every_plot(
+    write_config: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    assert run_cli("run", str(write_config()), "--no-progress", "-q")[0] == 0
+    seen: dict[str, set[str]] = {}
+    for method in ("step", "bar"):
+        original = getattr(Axes, method)
+
+        def spy(self: Axes, *args: object, _original: object = original, **kw: object) -> object:
+            seen.setdefault(str(kw.get("label")), set()).add(str(kw.get("color")))
+            return _original(self, *args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(Axes, method, spy)
+    write_plots(RunDir(tmp_path / "run"), tmp_path / "plots")
+    assert "ref/crn" in seen
+    assert all(len(colours) == 1 for colours in seen.values()), seen
+    assert len({c for colours in seen.values() for c in colours}) == len(seen)
