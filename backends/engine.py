@@ -42,6 +42,7 @@ from presto_client.errors import (
     EngineError,
     EngineRequestError,
     EngineUnavailableError,
+    InvalidResponseError,
     ProbeError,
 )
 from presto_client.logprob_math import scores_from_topk
@@ -338,16 +339,25 @@ class HttpEngine:
         report = ProbeReport(
             engine=self.name, base_url=self.base_url, model=model, logprob_mode=self.adapter.mode
         )
-        if self.adapter.can_score:
-            await self._probe_semantics(model, report)
-        else:
-            report.warnings.append(
-                "logprob semantics not checked: this dialect has no scoring call"
-            )
-        if check_seeds:
-            await self._probe_seeds(model, report)
-        if check_scoring and self.adapter.can_score and self.adapter.semantics == RAW:
-            await self._probe_exact_scoring(model, report)
+        try:
+            if self.adapter.can_score:
+                await self._probe_semantics(model, report)
+            else:
+                report.warnings.append(
+                    "logprob semantics not checked: this dialect has no scoring call"
+                )
+            if check_seeds:
+                await self._probe_seeds(model, report)
+            if check_scoring and self.adapter.can_score and self.adapter.semantics == RAW:
+                await self._probe_exact_scoring(model, report)
+        except InvalidResponseError as exc:
+            if exc.engine:
+                raise
+            raise ProbeError(  # the parsers are pure and do not know the engine's name
+                f"{self.base_url} gave the probe an unusable answer: {exc}. Check the server's "
+                "log (and that it runs in float32)",
+                engine=self.name,
+            ) from exc
         for warning in report.warnings:
             logger.warning("[%s] %s", self.name, warning)
         self.last_probe = report

@@ -228,6 +228,16 @@ async def test_probe_detects_processed_server_configured_raw(
     await eng.aclose()
 
 
+async def test_probe_names_the_engine_on_a_nan_answer(vllm_raw: EmulationServer) -> None:
+    vllm_raw.faults.nan_times = 1
+    eng = engine("vllm", vllm_raw)
+    with pytest.raises(ProbeError) as info:
+        await eng.probe()
+    text = str(info.value)
+    assert text.startswith(f"[{eng.name}] {vllm_raw.base_url}") and "NaN logprob" in text
+    await eng.aclose()
+
+
 async def test_probe_detects_raw_server_configured_processed(vllm_raw: EmulationServer) -> None:
     eng = engine("vllm", vllm_raw, logprob_mode="processed")
     with pytest.raises(ProbeError, match="--logprobs-mode processed_logprobs"):
