@@ -582,7 +582,7 @@ def _format_error(err: Any, overridden: dict[str, str]) -> str:
         if path == key or path.startswith(key + ".") or path.startswith(key + "["):
             msg += f" [from --set {text}]"
             break
-    return f"  {path}: {msg}" + (f"\n      fix: {hint}" if hint else "")
+    return f"  {path}: {msg}" + (f"\n      hint: {hint}" if hint else "")
 
 
 def validate_job_config(

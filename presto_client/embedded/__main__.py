@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -56,6 +57,13 @@ def build_parser(prog: str = "python -m presto_client.embedded") -> argparse.Arg
         help="write the base URL to this file once the server answers (used by the launcher)",
     )
     p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="shut down when this process dies (the launcher passes its own pid, so that a "
+        "killed `presto run` never leaves the server behind)",
+    )
+    p.add_argument(
         "--prepare-only", action="store_true", help="prepare the model in the cache and exit"
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
@@ -77,6 +85,24 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _watch_parent(pid: int, interval_s: float = 1.0) -> None:
+    """Send ourselves SIGTERM once ``pid`` is gone (e.g. the launcher was killed with -9)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                logger.warning("parent process %d is gone: shutting down", pid)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            except PermissionError:
+                pass  # it exists, owned by someone else
+
+    threading.Thread(target=watch, name="presto-parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
+    if args.parent_pid is not None:
+        _watch_parent(args.parent_pid)
     logger.info(
         "embedded engine serving %s on %s (ready in %.1f s)",
         config.served_model_name,

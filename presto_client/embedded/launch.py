@@ -102,6 +102,8 @@ class EmbeddedServer:
             self.dtype,
             "--ready-file",
             str(ready),
+            "--parent-pid",
+            str(os.getpid()),
             *self.extra_args,
         ]
         env = dict(os.environ)
