@@ -132,6 +132,7 @@ class _Runner:
         full = state.token_ids
         eos = self.config.eos_token_id
         final = full[: full.index(eos) + 1] if eos is not None and eos in full else full
+        self.stats.record_final_response(state.response.slice(0, len(final)))
         return ChainResult(state.prompt, final, full, state, self.stats, self.transitions)
 
     async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from presto_client.engine import ScoredTokens
+
 RoundKind = Literal["extend", "propose", "tighten"]
 
 
@@ -64,6 +66,10 @@ class ChainStats:
     drift_max: float = 0.0
     drift_sum: float = 0.0
     drift_count: int = 0
+    final_mean_logp0: float | None = None
+    """Mean ``log p0`` per token of the final (EOS-truncated) response: its likelihood."""
+    final_mean_neg_entropy: float | None = None
+    """Mean ``−H_t`` over the final response (confidence), where the state keeps entropies."""
 
     @property
     def model_call_time_s(self) -> float:
@@ -91,6 +97,14 @@ class ChainStats:
         self.drift_sum += value
         self.drift_count += 1
 
+    def record_final_response(self, response: ScoredTokens) -> None:
+        """Quality figures of the final response, from the scores stored as it was generated."""
+        if len(response) == 0:
+            return
+        self.final_mean_logp0 = float(response.logp0.mean())
+        if response.entropy is not None:
+            self.final_mean_neg_entropy = float(-response.entropy.mean())
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "transitions": self.transitions,
@@ -111,4 +125,6 @@ class ChainStats:
             "acceptance_rate": self.acceptance_rate,
             "drift_max": self.drift_max,
             "drift_mean": self.drift_mean,
+            "final_mean_logp0": self.final_mean_logp0,
+            "final_mean_neg_entropy": self.final_mean_neg_entropy,
         }

@@ -46,6 +46,9 @@ async def test_statistics_agree_with_round_records(traversal: str, sampler: str)
     assert stats.transitions_per_call == pytest.approx(24 / stats.rounds)
     assert stats.wasted_requests == stats.requests_issued - 24
     assert stats.drift_max < 1e-9  # the reference engine has no numerical drift
+    final = result.final_state.response.slice(0, len(result.token_ids))
+    assert stats.final_mean_logp0 == pytest.approx(float(final.logp0.mean()))
+    assert stats.final_mean_neg_entropy is None  # PowerMH/MultiTryMH states keep no entropy
     summary = stats.as_dict()
     assert summary["transitions"] == 24 and summary["acceptance_rate"] == stats.acceptance_rate
 
