@@ -68,6 +68,7 @@ class _Runner:
 
     def _emit(
         self,
+        *,
         block: int,
         kind: RoundKind,
         requests: int,
@@ -78,17 +79,18 @@ class _Runner:
         wall_s: float,
         tokens: int,
     ) -> None:
+        """Number the engine call and hand its :class:`RoundRecord` to the callback."""
         record = RoundRecord(
-            block,
-            self._round_index,
-            kind,
-            requests,
-            sequences,
-            used,
-            transitions,
-            accepts,
-            wall_s,
-            tokens,
+            block=block,
+            round=self._round_index,
+            kind=kind,
+            requests=requests,
+            sequences=sequences,
+            used=used,
+            transitions=transitions,
+            accepts=accepts,
+            wall_s=wall_s,
+            tokens=tokens,
         )
         self._round_index += 1
         if self._on_round is not None:
@@ -99,7 +101,9 @@ class _Runner:
         results = await self.engine.generate(requests)
         wall = time.perf_counter() - start
         if len(results) != len(requests):
-            raise ValueError(f"engine returned {len(results)} results for {len(requests)} requests")
+            raise InvalidResponseError(
+                f"asked for {len(requests)} proposals, got {len(results)}", engine=self.engine.name
+            )
         for request, result in zip(requests, results, strict=True):
             if len(result) != request.num_tokens:
                 raise InvalidResponseError(
@@ -123,7 +127,17 @@ class _Runner:
             self.stats.extend_calls += 1
             self.stats.extend_wall_s += wall
             self.stats.tokens_generated += len(extension)
-            self._emit(block, "extend", 1, 1, 1, 0, 0, wall, len(extension))
+            self._emit(
+                block=block,
+                kind="extend",
+                requests=1,
+                sequences=1,
+                used=1,
+                transitions=0,
+                accepts=0,
+                wall_s=wall,
+                tokens=len(extension),
+            )
             state = state.extend(extension)
             k = 0
             while k < self.config.steps_per_block:
@@ -192,7 +206,17 @@ class _Runner:
         wall = time.perf_counter() - start
         self.stats.tighten_calls += 1
         self.stats.tighten_wall_s += wall
-        self._emit(block, "tighten", len(requests), len(requests), 0, 0, 0, wall, 0)
+        self._emit(
+            block=block,
+            kind="tighten",
+            requests=len(requests),
+            sequences=len(requests),
+            used=0,
+            transitions=0,
+            accepts=0,
+            wall_s=wall,
+            tokens=0,
+        )
         tightened = [
             s.with_exact_logq(e.logq_lo) for s, e in zip((current, *proposals), exact, strict=True)
         ]
@@ -215,7 +239,17 @@ class SequentialRunner(_Runner):
         self.stats.sequences_issued += len(requests)
         self.stats.tokens_generated += tokens
         verdict = await self._decide(state, cut, proposals, draws, block, k)
-        self._emit(block, "propose", 1, len(requests), 1, 1, int(verdict.accepted), wall, tokens)
+        self._emit(
+            block=block,
+            kind="propose",
+            requests=1,
+            sequences=len(requests),
+            used=1,
+            transitions=1,
+            accepts=int(verdict.accepted),
+            wall_s=wall,
+            tokens=tokens,
+        )
         if verdict.accepted:
             state = self.kernel.accept(state, cut, proposals, verdict)
         return state, 1
@@ -290,7 +324,15 @@ class PrestoRunner(_Runner):
             path = (*path, verdict.accepted)
         self.stats.requests_used += done
         self._emit(
-            block, "propose", len(plan.proposals), len(requests), done, done, accepts, wall, tokens
+            block=block,
+            kind="propose",
+            requests=len(plan.proposals),
+            sequences=len(requests),
+            used=done,
+            transitions=done,
+            accepts=accepts,
+            wall_s=wall,
+            tokens=tokens,
         )
         return state, done
 
