@@ -6,6 +6,12 @@ hit rate, and, when the engine also ran the ``sequential`` baseline, the speedup
 per (prompt, chain): ``baseline model-call time / arm model-call time`` (same seed, so with
 ``crn`` the same chain: identical work). Median and range over pairs are reported, with how many
 paired chains ended in the same response as the baseline.
+
+Output equivalence (method §6): for the same pairs, the final response's mean token
+log-likelihood (``final_mean_logp0``) and, where the sampler keeps entropies, its confidence
+(``final_mean_neg_entropy``) of the arm and of the baseline are compared by a paired TOST: the 90%
+t interval of the mean paired difference must lie within ±0.2 × the baseline values' SD
+(α = 0.05 per side). ``equivalence_pooled`` pools the pairs of every arm (settings) per metric.
 """
 
 from __future__ import annotations
@@ -54,6 +60,114 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
+EQUIVALENCE_METRICS: tuple[tuple[str, str], ...] = (
+    ("final_mean_logp0", "likelihood"),
+    ("final_mean_neg_entropy", "confidence"),
+)
+EQUIVALENCE_MARGIN_SD = 0.2
+EQUIVALENCE_ALPHA = 0.05
+
+
+def _finite(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def paired_tost(
+    pairs: Sequence[tuple[float, float]],
+    *,
+    margin_sd: float = EQUIVALENCE_MARGIN_SD,
+    alpha: float = EQUIVALENCE_ALPHA,
+    baseline_values: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """Paired TOST of ``(arm value, baseline value)`` pairs.
+
+    The margin is ``margin_sd`` × the sample SD of the baseline values (those of the pairs, or
+    ``baseline_values`` when given, e.g. pooled over settings without repeating a baseline
+    chain). Equivalent iff the ``1 − 2·alpha`` t interval of the mean difference (arm − baseline)
+    lies strictly within ±margin (both one-sided tests reject at ``alpha``). Differences that are
+    all exactly 0 are equivalent, interval [0, 0]. With fewer than 2 pairs, or a baseline SD of
+    0, the verdict is ``"n/a"`` with the ``reason``.
+    """
+    n = len(pairs)
+    diffs = [a - b for a, b in pairs]
+    base = list(baseline_values) if baseline_values is not None else [b for _, b in pairs]
+    out: dict[str, Any] = {
+        "n": n,
+        "mean_diff": statistics.fmean(diffs) if diffs else None,
+        "ci_low": None,
+        "ci_high": None,
+        "ci_level": 1 - 2 * alpha,
+        "baseline_sd": None,
+        "margin": None,
+        "margin_sd": margin_sd,
+        "p_tost": None,
+        "verdict": "n/a",
+        "reason": None,
+    }
+    if n < 2:
+        out["reason"] = "n<2"
+        return out
+    sd_base = statistics.stdev(base) if len(base) >= 2 else 0.0
+    out["baseline_sd"] = sd_base
+    margin = margin_sd * sd_base
+    out["margin"] = margin
+    if all(d == 0 for d in diffs):
+        out.update(mean_diff=0.0, ci_low=0.0, ci_high=0.0, p_tost=0.0, verdict="equivalent")
+        return out
+    if not sd_base > 0:
+        out["reason"] = "baseline SD=0"
+        return out
+    from scipy import stats as sps  # lazily: scipy is heavy and only needed here
+
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(n)
+    df = n - 1
+    if se > 0:
+        half = float(sps.t.ppf(1 - alpha, df)) * se
+        p_lower = float(sps.t.sf((mean + margin) / se, df))  # H0: mean <= -margin
+        p_upper = float(sps.t.cdf((mean - margin) / se, df))  # H0: mean >= +margin
+        p_tost = max(p_lower, p_upper)
+    else:  # every difference the same, nonzero
+        half = 0.0
+        p_tost = 0.0 if -margin < mean < margin else 1.0
+    lo, hi = mean - half, mean + half
+    out.update(
+        mean_diff=mean,
+        ci_low=lo,
+        ci_high=hi,
+        p_tost=p_tost,
+        verdict="equivalent" if -margin < lo and hi < margin else "not equivalent",
+    )
+    return out
+
+
+def _metric_pairs(
+    ok: Mapping[tuple[int, int], Mapping[str, Any]],
+    base: Mapping[tuple[int, int], Mapping[str, Any]],
+    metric: str,
+) -> tuple[list[tuple[float, float]], bool]:
+    """Finite (arm, baseline) values of ``metric`` per shared key; and whether any is present."""
+    pairs: list[tuple[float, float]] = []
+    present = False
+    for key, r in ok.items():
+        b = base.get(key)
+        if b is None:
+            continue
+        a_val = (r.get("stats") or {}).get(metric)
+        b_val = (b.get("stats") or {}).get(metric)
+        present = present or a_val is not None or b_val is not None
+        fa, fb = _finite(a_val), _finite(b_val)
+        if fa is not None and fb is not None:
+            pairs.append((fa, fb))
+    return pairs, present
+
+
 def _arm_sort_key(arm: Mapping[str, Any], engine_order: Sequence[str]) -> tuple[int, int, str]:
     engine = str(arm.get("engine", ""))
     traversal = str(arm.get("traversal", ""))
@@ -100,6 +214,8 @@ def summarize(
     }
     arms: list[dict[str, Any]] = []
     per_prompt: dict[str, dict[str, float]] = {}
+    pooled_pairs: dict[str, list[tuple[float, float]]] = {}
+    pooled_base: dict[str, dict[tuple[str, int, int], float]] = {}
     for arm, rows in by_arm.items():
         first = rows[0]
         engine = str(first.get("engine"))
@@ -131,6 +247,21 @@ def summarize(
                     speedups.append(s)
                     prompt_speedups.setdefault(key[0], []).append(s)
             per_prompt[arm] = {str(p): statistics.median(v) for p, v in prompt_speedups.items()}
+        equivalence: dict[str, Any] | None = None
+        if base is not None:
+            equivalence = {}
+            for metric, _ in EQUIVALENCE_METRICS:
+                pairs, present = _metric_pairs(ok, base, metric)
+                if not present:
+                    continue
+                equivalence[metric] = paired_tost(pairs)
+                pooled_pairs.setdefault(metric, []).extend(pairs)
+                seen = pooled_base.setdefault(metric, {})
+                for key in ok:
+                    b_val = _finite(((base.get(key) or {}).get("stats") or {}).get(metric))
+                    a_val = _finite((ok[key].get("stats") or {}).get(metric))
+                    if b_val is not None and a_val is not None:
+                        seen[(base_arm, *key)] = b_val
         rounds = totals["rounds"]
         issued = totals["requests_issued"]
         entry: dict[str, Any] = {
@@ -165,6 +296,7 @@ def summarize(
             "speedup_max": max(speedups) if speedups else None,
             "speedup_pairs": len(speedups) if base is not None else None,
             "identical_to_baseline": identical if base is not None else None,
+            "equivalence": equivalence,
         }
         arms.append(entry)
     arms.sort(key=lambda a: _arm_sort_key(a, engine_order))
@@ -174,6 +306,10 @@ def summarize(
         "chains_failed": sum(a["chains_failed"] for a in arms),
         "arms": arms,
         "speedup_per_prompt": per_prompt,
+        "equivalence_pooled": {
+            metric: paired_tost(pairs, baseline_values=list(pooled_base[metric].values()))
+            for metric, pairs in pooled_pairs.items()
+        },
     }
 
 
@@ -223,9 +359,22 @@ def _same_cell(arm: Mapping[str, Any]) -> str:
     return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
 
 
+_EQUIV_CSV_FIELDS = ("verdict", "n", "mean_diff", "ci_low", "ci_high", "margin", "p_tost")
+
+
 def summary_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per arm (the CSV)."""
-    return [dict(a) for a in summary.get("arms", [])]
+    """One flat row per arm (the CSV); the equivalence tests as ``equiv_<metric>_<field>``."""
+    rows = []
+    for a in summary.get("arms", []):
+        row = {k: v for k, v in a.items() if k != "equivalence"}
+        equivalence = a.get("equivalence") or {}
+        for metric, _ in EQUIVALENCE_METRICS:
+            test = equivalence.get(metric) or {}
+            short = metric.removeprefix("final_")
+            for field in _EQUIV_CSV_FIELDS:
+                row[f"equiv_{short}_{field}"] = test.get(field)
+        rows.append(row)
+    return rows
 
 
 _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -310,6 +459,48 @@ _SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _decimals(*values: float | None) -> int:
+    """Decimals that show the smallest nonzero magnitude with two significant digits (>= 3)."""
+    small = [abs(v) for v in values if v is not None and v != 0 and math.isfinite(v)]
+    if not small:
+        return 3
+    return max(3, min(8, 1 - math.floor(math.log10(min(small)))))
+
+
+def equivalence_cell(test: Mapping[str, Any] | None) -> str:
+    """``yes d=+0.003 [-0.010, 0.016] +/-0.050`` / ``no ...`` / ``n/a (reason)`` / ``-``.
+
+    ``d``: mean paired difference (arm - baseline), then its 90% interval and the margin. ASCII
+    only, like the rest of the printed tables (a terminal's encoding may not have Δ or ±).
+    """
+    if not test:
+        return "-"
+    verdict = test.get("verdict")
+    if verdict not in ("equivalent", "not equivalent"):
+        return f"n/a ({test.get('reason') or 'no pairs'})"
+    margin = float(test["margin"])
+    d = _decimals(margin)
+    word = "yes" if verdict == "equivalent" else "no"
+    return (
+        f"{word} d={test['mean_diff']:+.{d}f} [{test['ci_low']:.{d}f}, {test['ci_high']:.{d}f}] "
+        f"+/-{margin:.{d}f}"
+    )
+
+
+def _equivalence_rows(arms: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    rows = []
+    for metric, label in EQUIVALENCE_METRICS:
+        tests = [(a.get("equivalence") or {}).get(metric) for a in arms]
+        if not any(tests):
+            continue
+        cells = [
+            "(base)" if a.get("traversal") == BASELINE and not t else equivalence_cell(t)
+            for a, t in zip(arms, tests, strict=True)
+        ]
+        rows.append([f"{label} equiv. (TOST)", *cells])
+    return rows
+
+
 def format_side_by_side(summary: Mapping[str, Any]) -> str:
     """Arms as columns, metrics as rows (``presto compare``)."""
     arms = summary.get("arms", [])
@@ -326,6 +517,7 @@ def format_side_by_side(summary: Mapping[str, Any]) -> str:
             else:
                 row.append(_fmt(arm.get(key), kind))
         rows.append(row)
+    rows.extend(_equivalence_rows(arms))
     return render_table(header, rows)
 
 
