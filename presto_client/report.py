@@ -223,11 +223,15 @@ def summarize(
         ok = ok_by_arm[arm]
         totals = {k: 0.0 for k in _SUM_KEYS}
         chain_times: list[float] = []
+        drifts: list[float] = []
         for r in ok.values():
             stats = r.get("stats") or {}
             for k in _SUM_KEYS:
                 totals[k] += as_number(stats.get(k))
             chain_times.append(as_number(stats.get("model_call_time_s")))
+            drift = _finite(stats.get("drift_max"))
+            if drift is not None:
+                drifts.append(drift)
         base_arm = f"{engine}/{baseline}"
         speedups: list[float] = []
         identical = 0
@@ -288,6 +292,8 @@ def summarize(
             "model_call_time_s": totals["model_call_time_s"],
             "model_call_time_median_s": statistics.median(chain_times) if chain_times else None,
             "extend_time_s": totals["extend_time_s"],
+            # Engine health: |log Z| at the cut seen by x and by y (same context), in nats.
+            "drift_max": max(drifts) if drifts else None,
             "seconds_per_call": _ratio(totals["model_call_time_s"], rounds),
             "prefix_cache_hit_rate": hit_rates.get(engine),
             "baseline": base_arm if base is not None else None,
@@ -339,6 +345,8 @@ def _fmt(value: Any, kind: str = "") -> str:
         return f"{100 * float(value):.0f}%"
     if kind == "x":
         return f"{float(value):.2f}x"
+    if kind == "e":
+        return f"{float(value):.1e}"
     if kind == "s":
         return f"{float(value):.2f}"
     if isinstance(value, float):
@@ -456,6 +464,7 @@ _SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (
     ("eps-certain decisions", "eps_certain_share", "pct"),
     ("tokens generated", "tokens_generated", ""),
     ("prefix-cache hit rate", "prefix_cache_hit_rate", "pct"),
+    ("normaliser drift (max), nats", "drift_max", "e"),
 )
 
 

@@ -209,3 +209,12 @@ def test_compare_on_the_reference_config_reports_equivalence(tmp_path: Path) -> 
     assert by_arm["ref/crn"]["equiv_mean_logp0_verdict"] == "equivalent"
     assert by_arm["ref/bfs"]["equiv_mean_logp0_n"] == "6"
     assert by_arm["ref/sequential"]["equiv_mean_logp0_verdict"] == ""
+
+
+def test_summary_reports_the_worst_normaliser_drift_per_arm() -> None:
+    samples = [_sample("e/sequential", p, 0, -1.0) for p in range(3)]
+    for p, drift in enumerate([1e-5, 4e-5, None]):
+        samples[p]["stats"]["drift_max"] = drift
+    arms = {a["arm"]: a for a in summarize(samples)["arms"]}
+    assert arms["e/sequential"]["drift_max"] == 4e-5
+    assert "normaliser drift (max), nats" in format_side_by_side(summarize(samples))
