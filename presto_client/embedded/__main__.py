@@ -22,6 +22,10 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from presto_client.embedded.engine import Engine
 
 logger = logging.getLogger("presto_client.embedded")
 
@@ -87,22 +91,34 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _watch_parent(pid: int, interval_s: float = 1.0) -> None:
-    """Send ourselves SIGTERM once ``pid`` is gone (e.g. the launcher was killed with -9)."""
+def _watch(engine: Engine, parent_pid: int | None, interval_s: float = 1.0) -> None:
+    """Send ourselves SIGTERM when the engine worker has died (a server that cannot generate
+    must not look alive to its launcher) or ``parent_pid`` is gone (the launcher was killed)."""
+
+    def parent_gone() -> bool:
+        if parent_pid is None:
+            return False
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # it exists, owned by someone else
+        return False
 
     def watch() -> None:
         while True:
             time.sleep(interval_s)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                logger.warning("parent process %d is gone: shutting down", pid)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            except PermissionError:
-                pass  # it exists, owned by someone else
+            if not engine.alive:
+                logger.error("the engine worker is not running: shutting down")
+            elif parent_gone():
+                logger.warning("parent process %s is gone: shutting down", parent_pid)
+            else:
+                continue
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
-    threading.Thread(target=watch, name="presto-parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="presto-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    if args.parent_pid is not None:
-        _watch_parent(args.parent_pid)
+    if not engine.alive:
+        logger.error("the embedded engine failed during warm-up; see the log above")
+        server.server_close()
+        return 1
+    _watch(engine, args.parent_pid)
     logger.info(
         "embedded engine serving %s on %s (ready in %.1f s)",
         config.served_model_name,

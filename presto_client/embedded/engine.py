@@ -208,12 +208,19 @@ class PrefixCache:
         self._entries: OrderedDict[int, _PrefixEntry] = OrderedDict()
         self._next_id = 0
         self.nbytes = 0
+        # The worker thread looks up and inserts; HTTP threads count and reset: one lock.
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            return len(self._entries)
 
     def lookup(self, tokens: Sequence[int], limit: int) -> tuple[KVList | None, int]:
         """The longest cached prefix of ``tokens`` (at most ``limit`` tokens) and its length."""
+        with self._lock:
+            return self._lookup(tokens, limit)
+
+    def _lookup(self, tokens: Sequence[int], limit: int) -> tuple[KVList | None, int]:
         if limit <= 0 or not self._entries:
             return None, 0
         query = np.asarray(tokens[:limit], dtype=np.int64)
@@ -235,6 +242,10 @@ class PrefixCache:
 
     def insert(self, tokens: Sequence[int], kv: KVList) -> None:
         """Store ``kv`` (per layer ``[1, heads, len(tokens), head_dim]``) for ``tokens``."""
+        with self._lock:
+            self._insert(tokens, kv)
+
+    def _insert(self, tokens: Sequence[int], kv: KVList) -> None:
         arr = np.asarray(tokens, dtype=np.int64)
         n = len(arr)
         if n == 0:
@@ -256,8 +267,9 @@ class PrefixCache:
             self._drop(next(iter(self._entries)))
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.nbytes = 0
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)

@@ -55,3 +55,32 @@ def test_stored_tensors_are_not_mutated_by_users() -> None:
     grown.fill_(42.0)
     again, _ = cache.lookup([1, 2, 3], limit=3)
     assert again is not None and again[0][0][0, 0, :, 0].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_every_operation_waits_for_the_cache_lock() -> None:
+    """The server resets and counts the cache from HTTP threads while the worker inserts and
+    looks up: every operation holds one lock (a reset racing an insert once killed the worker
+    with a KeyError during warm-up)."""
+    import threading
+
+    cache = PrefixCache(capacity_bytes=1 << 22)
+    cache.insert([1, 2, 3], kv_for([1, 2, 3]))
+    operations = {
+        "clear": cache.clear,
+        "len": lambda: len(cache),
+        "insert": lambda: cache.insert([4, 5], kv_for([4, 5])),
+        "lookup": lambda: cache.lookup([1, 2], limit=2),
+    }
+    for name, operation in operations.items():
+        done = threading.Event()
+
+        def run(op=operation, flag=done) -> None:  # type: ignore[no-untyped-def]
+            op()
+            flag.set()
+
+        with cache._lock:
+            thread = threading.Thread(target=run)
+            thread.start()
+            assert not done.wait(0.05), f"{name} did not wait for the lock"
+        assert done.wait(5), f"{name} never finished"
+        thread.join()
