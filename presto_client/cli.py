@@ -28,6 +28,7 @@ logger = logging.getLogger("presto_client.cli")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
+EXIT_PARTIAL = 3  # finished, but some chains failed (within the failure budget)
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
@@ -42,6 +43,8 @@ examples:
   presto serve-embedded --port 8001                 serve the embedded engine (vLLM dialect)
 
 Rerunning `presto run` on the same output directory resumes it: finished chains are skipped.
+Exit status: 0 all chains finished, 3 some failed (rerun to retry them), 1 engine/job error,
+2 config error, 130/143 interrupted (Ctrl-C / SIGTERM; rerun to resume).
 """
 
 
@@ -374,6 +377,14 @@ def _result_footer(result: Any) -> str:
     )
 
 
+def _exit_status(result: Any) -> int:
+    """0 when every chain finished; 3 when some failed within the budget (rerun to retry them),
+    so scripts can tell an incomplete run; 1 when none of this session's chains finished."""
+    if not result.failed:
+        return EXIT_OK
+    return EXIT_ERROR if not result.completed else EXIT_PARTIAL
+
+
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from presto_client.job import make_plan
     from presto_client.report import format_summary_table
@@ -384,7 +395,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     print(format_summary_table(result.summary), file=out)
     print(file=out)
     print(_result_footer(result), file=out)
-    return EXIT_ERROR if result.failed and not result.completed else EXIT_OK
+    return _exit_status(result)
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
@@ -404,7 +415,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
     print(format_comparison(summary, samples, args.baseline), file=out)
     print(file=out)
     print(_result_footer(result), file=out)
-    return EXIT_ERROR if result.failed and not result.completed else EXIT_OK
+    return _exit_status(result)
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:

@@ -232,3 +232,13 @@ def test_an_arm_has_one_colour_in_every_plot(
     assert "ref/crn" in seen
     assert all(len(colours) == 1 for colours in seen.values()), seen
     assert len({c for colours in seen.values() for c in colours}) == len(seen)
+
+
+def test_exit_status_tells_an_incomplete_run() -> None:
+    from types import SimpleNamespace
+
+    from presto_client.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, _exit_status
+
+    assert _exit_status(SimpleNamespace(failed=0, completed=4)) == EXIT_OK
+    assert _exit_status(SimpleNamespace(failed=1, completed=3)) == EXIT_PARTIAL == 3
+    assert _exit_status(SimpleNamespace(failed=2, completed=0)) == EXIT_ERROR
