@@ -484,7 +484,7 @@ class HttpEngine:
         if not self._scoring_ok:
             report.warnings.append(
                 "exact scoring unavailable: decisions are certified from top-K logprobs, and the "
-                "rare one whose interval cannot settle it will fail its chain (resumable). "
+                "rare one whose interval cannot settle it fails its chain (the others go on). "
                 f"To tighten such decisions instead: {self.adapter.hint_for_scoring()}"
             )
         report.details["exact_scoring"] = float(bool(self._scoring_ok))
