@@ -177,22 +177,17 @@ class EntropyCut(Kernel):
         p = float(self.cut_weights(state)[cut])
         return math.log(p) if p > 0 else -math.inf
 
-    def evaluate(
-        self,
-        state: ChainState,
-        cut: int,
-        proposals: Sequence[ScoredTokens],
-        draws: TransitionDraws,
-    ) -> Verdict:
-        lo, hi = self.log_accept_bounds(state, cut, proposals[0])
-        proposed = state.splice(cut, proposals[0])
+    def log_accept_bounds(
+        self, state: ChainState, cut: int, proposal: ScoredTokens
+    ) -> tuple[float, float]:
+        """PowerMH's ``log A`` plus the cut-law ratio ``log λ(c; y) − log λ(c; x)``."""
+        lo, hi = super().log_accept_bounds(state, cut, proposal)
         log_forward = self.log_cut_probability(state, cut)
         if log_forward == -math.inf:
             raise ValueError(f"cut {cut} has probability 0 under the current state's law")
+        proposed = state.splice(cut, proposal)
         correction = self.log_cut_probability(proposed, cut) - log_forward
-        return _decide_interval(
-            lo + correction, hi + correction, draws.u_accept, self.config.epsilon
-        )
+        return lo + correction, hi + correction
 
 
 class MultiTryMH(Kernel):

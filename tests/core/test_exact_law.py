@@ -52,8 +52,8 @@ def test_one_step_kernel_satisfies_detailed_balance(config: SamplerConfig) -> No
 class _NoCutCorrection(EntropyCut):
     """EntropyCut without the ``log λ(c; y) − log λ(c; x)`` term: not reversible."""
 
-    def evaluate(self, state, cut, proposals, draws):  # type: ignore[no-untyped-def]
-        return PowerMH.evaluate(self, state, cut, proposals, draws)
+    def log_accept_bounds(self, state, cut, proposal):  # type: ignore[no-untyped-def]
+        return PowerMH.log_accept_bounds(self, state, cut, proposal)
 
 
 def test_detailed_balance_check_catches_a_missing_cut_correction(
