@@ -87,7 +87,8 @@ def _common(sub: argparse.ArgumentParser) -> None:
     )
 
 
-def _job_options(sub: argparse.ArgumentParser) -> None:
+def _config_options(sub: argparse.ArgumentParser) -> None:
+    """The config file and its ``--set`` overrides (every command that reads a config)."""
     sub.add_argument("config", metavar="CONFIG", help="job config (YAML)")
     sub.add_argument(
         "--set",
@@ -97,6 +98,10 @@ def _job_options(sub: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set sampler.alpha=4 --set engines[0].base_url=...",
     )
+
+
+def _job_options(sub: argparse.ArgumentParser) -> None:
+    _config_options(sub)
     sub.add_argument("--output", "-o", metavar="DIR", help="run directory (overrides output_dir)")
     sub.add_argument("--seed", type=int, metavar="N", help="root seed (overrides seed)")
     sub.add_argument(
@@ -169,15 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a config and say what would run",
         description="Parse and validate a job config and describe the chains it would run.",
     )
-    validate.add_argument("config", metavar="CONFIG", help="job config (YAML)")
-    validate.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set sampler.alpha=4 --set engines[0].base_url=...",
-    )
+    _config_options(validate)
     validate.add_argument("--output", "-o", metavar="DIR", help="run directory to check")
     validate.add_argument(
         "--probe", action="store_true", help="also contact the engines and probe them"

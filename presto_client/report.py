@@ -598,6 +598,13 @@ def arm_colors(arms: Sequence[str]) -> dict[str, str]:
     return {arm: f"C{i % 10}" for i, arm in enumerate(arms)}
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
     """PNG plots of a saved run; returns the files written."""
     plt = _pyplot()
@@ -623,10 +630,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
         path = out / "cumulative_time.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, path))
 
     ok = [r for r in latest_by_chain(samples).values() if r.get("status") == "ok"]
     per_arm_tpc: dict[str, list[float]] = {}
@@ -646,10 +650,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3, axis="y")
         path = out / "transitions_per_call.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, path))
 
     per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
     sp_arms = [a for a in arms if per_prompt.get(a)]
@@ -669,8 +670,5 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3, axis="y")
         path = out / "speedup_per_prompt.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, path))
     return written

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_sigint_stops_cleanly_and_rerun_resumes(
+def _start_job_and_wait_for_two_chains(
     write_config: Callable[..., Path], tmp_path: Path
-) -> None:
+) -> tuple[subprocess.Popen[str], list[str], dict[str, str], Path]:
+    """Start `presto run` on a slow reference job; return once two chains are on disk."""
     config = write_config(
         engines=[{"kind": "reference", "name": "ref", "vocab_size": 6, "latency_s": 0.01}],
         max_active_chains=2,
@@ -31,6 +31,14 @@ def test_sigint_stops_cleanly_and_rerun_resumes(
         if samples.exists() and samples.read_text().count("\n") >= 2:
             break
         time.sleep(0.02)
+    return proc, cmd, env, samples
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigint_stops_cleanly_and_rerun_resumes(
+    write_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    proc, cmd, env, samples = _start_job_and_wait_for_two_chains(write_config, tmp_path)
     assert proc.poll() is None, "the job finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -52,19 +60,7 @@ def test_sigint_stops_cleanly_and_rerun_resumes(
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_stops_like_ctrl_c(write_config: Callable[..., Path], tmp_path: Path) -> None:
     """A scheduler's / ``timeout``'s SIGTERM: a clean stop (exit 143), the session closed."""
-    config = write_config(
-        engines=[{"kind": "reference", "name": "ref", "vocab_size": 6, "latency_s": 0.01}],
-        max_active_chains=2,
-    )
-    cmd = [sys.executable, "-m", "presto_client.cli", "run", str(config), "--no-progress"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    samples = tmp_path / "run" / "samples.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if samples.exists() and samples.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.02)
+    proc, *_ = _start_job_and_wait_for_two_chains(write_config, tmp_path)
     assert proc.poll() is None, "the job finished before it could be terminated"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
