@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from presto_client.engine import ScoredTokens
 
-RoundKind = Literal["extend", "propose", "tighten"]
+RoundKind = Literal["extend", "propose", "tighten", "stream"]
+"""``stream``: one record per transition of the ``stream`` traversal (requests issued since the
+previous record, the time the walk waited for this transition's proposal)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,12 @@ class ChainStats:
     eps_certain: int = 0
     ambiguous: int = 0
     """Decisions that the certified interval could not settle (scores were tightened)."""
+    requests_cancelled: int = 0
+    """In-flight requests aborted because the walk could no longer use them (their stream closed)."""
+    early_rejects: int = 0
+    """Rejections decided from a partial proposal (method §5: the upper bound of ``log A``)."""
+    tokens_saved_early: int = 0
+    """Tokens of early-rejected proposals that were never generated (their stream was closed)."""
     call_wall_s: list[float] = field(default_factory=list)
     """Wall time of every proposal call, in order."""
     extend_wall_s: float = 0.0
@@ -119,6 +127,9 @@ class ChainStats:
             "accepts": self.accepts,
             "eps_certain": self.eps_certain,
             "ambiguous": self.ambiguous,
+            "requests_cancelled": self.requests_cancelled,
+            "early_rejects": self.early_rejects,
+            "tokens_saved_early": self.tokens_saved_early,
             "model_call_time_s": self.model_call_time_s,
             "extend_time_s": self.extend_wall_s,
             "transitions_per_call": self.transitions_per_call,
