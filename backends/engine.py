@@ -46,6 +46,7 @@ from presto_client.errors import (
     ProbeError,
 )
 from presto_client.logprob_math import scores_from_topk
+from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +113,11 @@ class HttpEngine:
         self.spec = spec
         self.adapter = adapter
         self.replica = replica
-        self.base_url = spec.base_urls[replica]
+        self.base_url = redact_url(spec.base_urls[replica])
+        """The replica's URL as shown in messages (credentials redacted)."""
         self.name = spec.display_name(replica)
         self.transport = Transport(
-            self.base_url,
+            spec.base_urls[replica],
             engine_name=self.name,
             max_concurrency=spec.max_concurrency,
             request_timeout_s=spec.request_timeout_s,
@@ -143,6 +145,11 @@ class HttpEngine:
     @property
     def top_k(self) -> int:
         return self.spec.top_k
+
+    @property
+    def max_concurrency(self) -> int:
+        """Requests this replica serves at once (the transport's bound)."""
+        return self.spec.max_concurrency
 
     async def model(self) -> str:
         """The served model name (discovered once when the spec does not give it)."""

@@ -167,3 +167,15 @@ class Engine(Protocol):
     async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ConcurrencyBounded(Protocol):
+    """An engine that serves at most ``max_concurrency`` requests at once (an optional capability).
+
+    The ``stream`` traversal sizes its shared speculation budget from it, so that speculative
+    proposals never take the slots that the chains' head proposals need.
+    """
+
+    @property
+    def max_concurrency(self) -> int: ...

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -37,6 +37,7 @@ from pydantic import (
 
 from presto_client.errors import ConfigError
 from presto_client.sampler_config import SAMPLERS, TRAVERSALS, SamplerConfig
+from presto_client.urls import redact_url, split_userinfo
 
 HTTP_KINDS: tuple[str, ...] = ("vllm", "sglang", "openai")
 ENGINE_KINDS: tuple[str, ...] = (*HTTP_KINDS, "embedded", "reference")
@@ -98,8 +99,9 @@ class HttpEngineConfig(_EngineCommon):
     )
     api_key_env: str | None = Field(
         None,
-        description="Name of the environment variable holding the API key (the key itself is "
-        "never written in a config or a run directory).",
+        description="Name of the environment variable holding the API key, sent as a Bearer "
+        "token (the key itself is never written in a config or a run directory). A base_url "
+        "with user:password@ is sent as HTTP Basic auth instead; giving both is an error.",
     )
     vocab_size: int | None = Field(
         None, ge=2, description="Vocabulary size; needed only for temperatures above 1."
@@ -117,7 +119,15 @@ class HttpEngineConfig(_EngineCommon):
         for url in self.urls:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ValueError(f"{url!r} is not an http(s) URL, e.g. http://localhost:8000")
+                raise ValueError(
+                    f"{redact_url(url)!r} is not an http(s) URL, e.g. http://localhost:8000"
+                )
+            if self.api_key_env and split_userinfo(url)[1] is not None:
+                raise ValueError(
+                    f"{redact_url(url)} carries user:password@ and api_key_env is set too: give "
+                    "one credential, not both (the URL's is sent as HTTP Basic auth, the key of "
+                    "api_key_env as a Bearer token)"
+                )
         return self
 
     @property
@@ -237,7 +247,7 @@ class Prompt:
 # --------------------------------------------------------------------------------------------
 
 
-TraversalName = Literal["sequential", "bfs", "predictive", "crn"]
+TraversalName = Literal["sequential", "bfs", "predictive", "crn", "stream"]
 
 
 def _default_traversals() -> list[TraversalName]:
@@ -265,7 +275,13 @@ class SamplerSettings(_Strict):
         description=f"Traversal rules to run, one arm each: {', '.join(TRAVERSALS)}. "
         "'sequential' is the PowerMH baseline; speedups are measured against it.",
     )
-    n_pf: int = Field(8, ge=1, description="N_pf: proposal requests prefetched per round.")
+    n_pf: int = Field(
+        8,
+        ge=1,
+        description="N_pf: proposal requests prefetched per round (bfs, predictive, crn); for "
+        "'stream' the window: the most proposals a chain keeps in flight (the engine's measured "
+        "cost and shared budget may allow fewer).",
+    )
     epsilon: float = Field(
         0.01, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
     )
@@ -695,16 +711,6 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
 _SECRET_WORDS = ("api_key", "password", "secret", "token")
 
 
-def _redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, "***@" + host, parts.path, parts.query, parts.fragment))
-    return url
-
-
 def _redact(node: Any, key: str = "") -> Any:
     if isinstance(node, dict):
         return {k: _redact(v, str(k)) for k, v in node.items()}
@@ -715,7 +721,7 @@ def _redact(node: Any, key: str = "") -> Any:
         if key != "api_key_env" and key != "token_ids" and any(w in lowered for w in _SECRET_WORDS):
             return "***"
         if "://" in node:
-            return _redact_url(node)
+            return redact_url(node)
     return node
 
 

@@ -36,6 +36,8 @@ class Verdict:
     """Bounds of ``log A`` (MultiTryMH: of the log acceptance ratio of the selected candidate)."""
     eps_certain: bool
     """``A ≥ 1−ε`` or ``A ≤ ε`` over the whole interval."""
+    early: bool = False
+    """Rejected from a partial proposal by :class:`RejectionBound` (method §5)."""
 
     @property
     def log_accept(self) -> float:
@@ -58,6 +60,139 @@ def _decide_interval(lo: float, hi: float, u: float, epsilon: float) -> Verdict:
     if log_u >= hi:
         return Verdict(True, False, 0, lo, hi, eps_certain)
     return Verdict(False, False, 0, lo, hi, eps_certain)
+
+
+UNSEEN_TOKEN_SLACK = 1e-6
+"""What a not-yet-received token may add to the upper bound of ``log A``, in nats.
+
+Each unseen token's term ``α·log p0 − log q_τ`` is ``≤ 0`` in exact arithmetic (method §5); the
+slack covers the rounding of the engine's reported logprobs (fp32 log-softmax drifts by ~1e-7),
+so that an early rejection is always the decision the full kernel takes on the reported scores.
+"""
+CUT_LAW_SLACK = 1e-9
+"""Rounding allowance of EntropyCut's cut-law bound (a ratio of sums summed in another order)."""
+
+
+class RejectionBound:
+    """An upper bound of a transition's acceptance, kept as a proposal's tokens stream in.
+
+    :meth:`feed` hands over the next tokens of sequence ``index`` (in order); :meth:`rejects` is
+    true once the transition is *certainly* rejected whatever the unseen tokens turn out to be:
+    the full kernel, given the whole proposal, would reject too. The walk then decides at once
+    and closes the proposal's stream (early rejection, method §5).
+    """
+
+    def feed(self, index: int, chunk: ScoredTokens) -> None:
+        raise NotImplementedError
+
+    def upper(self) -> float:
+        """The current upper bound of ``log A`` (MultiTryMH: of the log acceptance ratio)."""
+        raise NotImplementedError
+
+    def rejects(self) -> bool:
+        raise NotImplementedError
+
+    def verdict(self) -> Verdict:
+        """The (early) rejection, for the records: ``log A`` is reported at its upper bound."""
+        upper = self.upper()
+        return Verdict(True, False, 0, upper, upper, upper <= math.log(self._epsilon), early=True)
+
+    _epsilon: float = 0.01
+
+
+def _temperatures_bound_each_token(alpha: float, temperatures: Sequence[float]) -> bool:
+    """Whether ``α·log p0 − log q_τ = (α − 1/τ)·log p0 + log Z_τ ≤ 0`` for every token.
+
+    True iff ``α ≥ 1/τ ≥ 1`` for every temperature: both terms are then ``≤ 0``.
+    """
+    return all(t <= 1.0 + 1e-12 and alpha * t >= 1.0 - 1e-12 for t in temperatures)
+
+
+class _SuffixBound(RejectionBound):
+    """PowerMH (and EntropyCut's PowerMH part): ``log A ≤ const(x) + Σ_{seen} (α·log p0 − log q)``.
+
+    With certified intervals the upper ends are used: ``log q_hi`` for ``x``, ``log q_lo`` for the
+    proposal. Every unseen token adds at most :data:`UNSEEN_TOKEN_SLACK`.
+    """
+
+    def __init__(self, kernel: Kernel, state: ChainState, cut: int, draws: TransitionDraws):
+        x = state.response.slice(cut)
+        self._alpha = kernel.alpha
+        self._const = -kernel.alpha * float(x.logp0.sum()) + float(x.logq_hi[:, 0].sum())
+        self._partial = 0.0
+        self._unseen = state.length - cut
+        self._log_u = math.log(draws.u_accept)
+        self._epsilon = kernel.config.epsilon
+
+    def feed(self, index: int, chunk: ScoredTokens) -> None:
+        n = len(chunk)
+        if n == 0:
+            return
+        terms = self._alpha * chunk.logp0 - chunk.logq_lo[:, 0]
+        self._partial += float(terms.sum())
+        self._unseen -= n
+        self._feed_extra(chunk)
+
+    def _feed_extra(self, chunk: ScoredTokens) -> None:
+        return None
+
+    def _extra_upper(self) -> float:
+        return 0.0
+
+    def upper(self) -> float:
+        slack = max(self._unseen, 0) * UNSEEN_TOKEN_SLACK
+        return self._const + self._partial + slack + self._extra_upper()
+
+    def rejects(self) -> bool:
+        upper = self.upper()
+        if math.isnan(upper):
+            return False  # the full kernel names the NaN; never decide on it here
+        return self._log_u >= upper
+
+
+class _EntropyCutBound(_SuffixBound):
+    """PowerMH's bound plus an upper bound of the cut-law ratio ``log λ(c; y) − log λ(c; x)``.
+
+    ``λ(c; y) = w_c(y) / Σ_t w_t(y)`` with ``w_t = max(0, H_t − H_{t−1})^β``: the weights before
+    ``c`` are ``x``'s, ``w_c`` is known from the proposal's first token, and the total only grows
+    as more tokens arrive, so ``w_c / Σ_{seen} w_t`` bounds ``λ(c; y)`` from above. With
+    ``w_c = 0``: ``λ = 0`` once any weight is positive, else at most the uniform ``1/T``.
+    """
+
+    def __init__(self, kernel: EntropyCut, state: ChainState, cut: int, draws: TransitionDraws):
+        super().__init__(kernel, state, cut, draws)
+        entropy = state.response.entropy
+        if entropy is None:
+            raise ValueError("EntropyCut needs per-token entropies in the state")
+        self._beta = kernel.beta
+        self._length = state.length
+        previous = np.concatenate([[0.0], entropy[: max(cut - 1, 0)]])
+        jumps = np.maximum(0.0, entropy[:cut] - previous[:cut]) if cut > 0 else np.zeros(0)
+        self._seen_weight = float((jumps**self._beta).sum())
+        self._last_entropy = float(entropy[cut - 1]) if cut > 0 else 0.0
+        self._cut_weight: float | None = None
+        self._log_forward = kernel.log_cut_probability(state, cut)
+
+    def _feed_extra(self, chunk: ScoredTokens) -> None:
+        if chunk.entropy is None:
+            raise ValueError("EntropyCut needs per-token entropies in every proposal")
+        previous = np.concatenate([[self._last_entropy], chunk.entropy[:-1]])
+        weights = np.maximum(0.0, chunk.entropy - previous) ** self._beta
+        if self._cut_weight is None:
+            self._cut_weight = float(weights[0])
+        self._seen_weight += float(weights.sum())
+        self._last_entropy = float(chunk.entropy[-1])
+
+    def _extra_upper(self) -> float:
+        if self._cut_weight is None:
+            log_backward = 0.0  # λ ≤ 1
+        elif self._cut_weight > 0.0:
+            log_backward = math.log(self._cut_weight) - math.log(self._seen_weight)
+        elif self._seen_weight > 0.0:
+            return -math.inf
+        else:
+            log_backward = -math.log(self._length)
+        return log_backward - self._log_forward + CUT_LAW_SLACK
 
 
 class Kernel:
@@ -114,6 +249,17 @@ class Kernel:
     ) -> Verdict:
         lo, hi = self.log_accept_bounds(state, cut, proposals[0])
         return _decide_interval(lo, hi, draws.u_accept, self.config.epsilon)
+
+    def rejection_bound(
+        self, state: ChainState, cut: int, draws: TransitionDraws
+    ) -> RejectionBound | None:
+        """An early-rejection bound for this transition, or ``None`` where none holds.
+
+        Only when every token's term is ``≤ 0``: ``α ≥ 1/τ ≥ 1`` (method §5).
+        """
+        if not _temperatures_bound_each_token(self.alpha, self.score_spec.temperatures):
+            return None
+        return _SuffixBound(self, state, cut, draws)
 
     def accept(
         self, state: ChainState, cut: int, proposals: Sequence[ScoredTokens], verdict: Verdict
@@ -176,6 +322,13 @@ class EntropyCut(Kernel):
     def log_cut_probability(self, state: ChainState, cut: int) -> float:
         p = float(self.cut_weights(state)[cut])
         return math.log(p) if p > 0 else -math.inf
+
+    def rejection_bound(
+        self, state: ChainState, cut: int, draws: TransitionDraws
+    ) -> RejectionBound | None:
+        if not _temperatures_bound_each_token(self.alpha, self.score_spec.temperatures):
+            return None
+        return _EntropyCutBound(self, state, cut, draws)
 
     def log_accept_bounds(
         self, state: ChainState, cut: int, proposal: ScoredTokens
@@ -282,6 +435,13 @@ class MultiTryMH(Kernel):
             return Verdict(True, False, selected, ratio_lo, ratio_hi, eps_certain)
         return Verdict(False, False, selected, ratio_lo, ratio_hi, eps_certain)
 
+    def rejection_bound(
+        self, state: ChainState, cut: int, draws: TransitionDraws
+    ) -> RejectionBound | None:
+        if not _temperatures_bound_each_token(self.alpha, self.temperatures):
+            return None
+        return _MultiTryBound(self, state, cut, draws)
+
     @staticmethod
     def _ratio_bounds(a: FloatArray, b: FloatArray, one: float, j: int) -> tuple[float, float]:
         """``log min(1, W/(W − w_J + 1))`` at both corners (statistics only, not decisions)."""
@@ -292,6 +452,63 @@ class MultiTryMH(Kernel):
 
         r1, r2 = log_ratio(a), log_ratio(b)
         return min(r1, r2), max(r1, r2)
+
+
+class _MultiTryBound(RejectionBound):
+    """Upper bounds ``b_j`` of every candidate weight, and rejection certain for every selection.
+
+    ``log w_j = α·(log p0(y_j) − log p0(u)) + log q_mix(u) − log q_mix(y_j)``. When every
+    per-token term ``α·log p0 − log q_τm`` is ``≤ 0``, ``α·L − log mean_m exp(Q_m)`` can only fall
+    as tokens arrive, so the value over the seen tokens bounds ``log w_j`` from above. The accept
+    test ``(u−1)·Σ_{i≠J} w_i − w_J + u < 0`` falls as any weight grows; rejection is certain when
+    it fails at the upper corner ``b`` for *every* candidate ``J`` (the selection is not known yet).
+    """
+
+    def __init__(self, kernel: MultiTryMH, state: ChainState, cut: int, draws: TransitionDraws):
+        current = state.response.slice(cut)
+        _, u_hi = kernel._log_q_mix(current)
+        self._alpha = kernel.alpha
+        self._log_m = kernel._log_m
+        self._const = -kernel.alpha * float(current.logp0.sum()) + u_hi
+        n = kernel.k_try
+        m = len(kernel.temperatures)
+        self._logp0 = np.zeros(n)
+        self._logq_lo = np.zeros((n, m))
+        self._unseen = np.full(n, state.length - cut, dtype=np.int64)
+        self._u = draws.u_accept
+        self._epsilon = kernel.config.epsilon
+
+    def feed(self, index: int, chunk: ScoredTokens) -> None:
+        if len(chunk) == 0:
+            return
+        self._logp0[index] += float(chunk.logp0.sum())
+        self._logq_lo[index] += chunk.logq_lo.sum(axis=0)
+        self._unseen[index] -= len(chunk)
+
+    def _log_weight_upper(self) -> FloatArray:
+        mix = np.logaddexp.reduce(self._logq_lo, axis=1) - self._log_m
+        slack = np.maximum(self._unseen, 0) * UNSEEN_TOKEN_SLACK
+        out: FloatArray = self._alpha * self._logp0 + self._const - mix + slack
+        return out
+
+    def _corner(self) -> tuple[FloatArray, float]:
+        log_b = self._log_weight_upper()
+        shift = max(float(log_b.max()), 0.0)
+        return np.exp(log_b - shift), math.exp(-shift)
+
+    def upper(self) -> float:
+        b, one = self._corner()
+        total = float(b.sum())
+        return max(min(0.0, math.log(total) - math.log(total - float(bj) + one)) for bj in b)
+
+    def rejects(self) -> bool:
+        log_b = self._log_weight_upper()
+        if np.isnan(log_b).any():
+            return False
+        b, one = self._corner()
+        u = self._u
+        total = float(b.sum())
+        return all((u - 1) * (total - float(bj)) - float(bj) + u * one >= 0 for bj in b)
 
 
 _KERNELS: dict[str, type[Kernel]] = {

@@ -17,7 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.engine import (
+    ConcurrencyBounded,
+    Engine,
+    ProposalRequest,
+    ScoredTokens,
+    ScoreRequest,
+)
 from presto_client.errors import InvalidResponseError
 from presto_client.kernels import Kernel, Verdict, make_kernel
 from presto_client.predictor import CertaintyPredictor
@@ -173,6 +179,12 @@ class _Runner:
                 raise AssertionError("exact scores must decide every transition")
         for proposal in proposals:
             self.stats.record_drift(self.kernel.normaliser_drift(state, cut, proposal))
+        self._record_decision(verdict, cut, block, k, tightened)
+        return verdict
+
+    def _record_decision(
+        self, verdict: Verdict, cut: int, block: int, k: int, tightened: bool
+    ) -> None:
         self.stats.transitions += 1
         self.stats.accepts += int(verdict.accepted)
         self.stats.eps_certain += int(verdict.eps_certain)
@@ -188,7 +200,6 @@ class _Runner:
                 tightened,
             )
         )
-        return verdict
 
     async def _tighten(
         self, state: ChainState, cut: int, proposals: list[ScoredTokens], block: int
@@ -348,12 +359,24 @@ async def run_chain(
     on_round: RoundCallback | None = None,
     predictor: CertaintyPredictor | None = None,
 ) -> ChainResult:
-    """Run one chain: ``traversal="sequential"`` is the baseline, the others are PreSTO."""
+    """Run one chain: ``traversal="sequential"`` is the baseline, the others are PreSTO.
+
+    ``n_pf`` is the round size of ``bfs``/``predictive``/``crn`` and the window (the cap of
+    proposals in flight) of ``stream``.
+    """
     if traversal not in TRAVERSALS:
         raise ValueError(f"unknown traversal {traversal!r}; valid traversals are {TRAVERSALS}")
     runner: _Runner
     if traversal == "sequential":
         runner = SequentialRunner(engine, sampler, seed, on_round)
+    elif traversal == "stream":
+        from presto_client.speculation import budget_for  # here: stream_runner imports this module
+        from presto_client.stream_runner import StreamRunner
+
+        capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
+        runner = StreamRunner(
+            engine, sampler, seed, on_round, window=n_pf, budget=budget_for(engine, capacity)
+        )
     else:
         runner = PrestoRunner(
             engine, sampler, seed, on_round, traversal=traversal, n_pf=n_pf, predictor=predictor

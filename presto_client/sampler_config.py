@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SamplerName = Literal["power_mh", "entropy_cut", "multi_try_mh"]
-Traversal = Literal["sequential", "bfs", "predictive", "crn"]
+Traversal = Literal["sequential", "bfs", "predictive", "crn", "stream"]
 
 SAMPLERS: tuple[str, ...] = ("power_mh", "entropy_cut", "multi_try_mh")
-TRAVERSALS: tuple[str, ...] = ("sequential", "bfs", "predictive", "crn")
+TRAVERSALS: tuple[str, ...] = ("sequential", "bfs", "predictive", "crn", "stream")
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,7 @@ class ChainStats:
     ambiguous: int = 0
     """Decisions that the certified interval could not settle (scores were tightened)."""
     requests_cancelled: int = 0
-    """In-flight requests aborted because the walk could no longer use them (their stream closed)."""
+    """In-flight requests aborted because the walk could no longer use them (stream closed)."""
     early_rejects: int = 0
     """Rejections decided from a partial proposal (method §5: the upper bound of ``log A``)."""
     tokens_saved_early: int = 0

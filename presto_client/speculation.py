@@ -1,0 +1,157 @@
+"""How much speculation an engine can afford: one budget shared by the chains of an engine.
+
+The ``stream`` traversal keeps up to ``W`` proposals of a chain in flight. The first of them (the
+*head*: the transition the walk waits for) is what the sequential chain would request anyway; the
+others are *speculative*. Speculation is free on a latency-bound engine (a GPU decode step costs
+nearly the same for 1 or 64 sequences) and costly on a compute-bound one (every sequence in a CPU
+step slows the others), and when many chains saturate an engine, speculative sequences take batch
+slots from other chains' heads. So the chains of an engine share one :class:`SpeculationBudget`:
+
+* **capacity**: speculative sequences never take the slots that the chains' heads need
+  (``capacity − heads``, capacity being the engine's concurrency bound);
+* **cost**: the budget fits the engine's per-token latency as a function of the sequences in
+  flight, ``step(n) = a + b·n`` (least squares over the inter-token times of the streams, with
+  forgetting), and allows speculative sequences only while they slow a step by at most
+  ``tolerance`` relative to the heads alone: ``n_spec ≤ tolerance·step(heads)/b``.
+
+With no evidence yet (or a flat fit) the cost bound is open: the first chains speculate, and the
+fit pulls speculation back towards the sequential chain as the engine shows its cost. The window
+in the config stays a cap. Nothing here changes a decision: which proposals are in flight never
+affects the law of the chain (method §4), only its speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOLERANCE = 0.5
+"""Speculation may slow a decode step by this fraction over the heads alone."""
+MIN_OBSERVATIONS = 32
+"""Inter-token samples before the cost fit is trusted."""
+FORGETTING = 0.995
+"""Per-sample decay of the least-squares sums (recent load counts most)."""
+
+
+@dataclass(slots=True)
+class _CostFit:
+    """Exponentially weighted least squares of ``seconds per token = a + b·n``."""
+
+    w: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    count: int = 0
+
+    def add(self, n: float, seconds: float, weight: float = 1.0) -> None:
+        decay = FORGETTING
+        self.w = self.w * decay + weight
+        self.sx = self.sx * decay + weight * n
+        self.sy = self.sy * decay + weight * seconds
+        self.sxx = self.sxx * decay + weight * n * n
+        self.sxy = self.sxy * decay + weight * n * seconds
+        self.count += 1
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """``(a, b)``, or ``None`` while the samples cannot separate them."""
+        if self.count < MIN_OBSERVATIONS or self.w <= 0:
+            return None
+        mean_x = self.sx / self.w
+        var_x = self.sxx / self.w - mean_x * mean_x
+        if var_x <= 1e-9:
+            return None  # every sample at the same load: the slope is unknown
+        b = (self.sxy / self.w - mean_x * self.sy / self.w) / var_x
+        a = self.sy / self.w - b * mean_x
+        return a, b
+
+
+class SpeculationBudget:
+    """The speculative sequences an engine's chains may keep in flight together."""
+
+    def __init__(
+        self,
+        capacity: int | None = None,
+        *,
+        tolerance: float = DEFAULT_TOLERANCE,
+        adaptive: bool = True,
+    ) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        if tolerance < 0:
+            raise ValueError("tolerance must be >= 0")
+        self.capacity = capacity
+        self.tolerance = tolerance
+        self.adaptive = adaptive
+        self.heads = 0
+        """Sequences of head proposals in flight (what sequential chains would run)."""
+        self.speculative = 0
+        """Sequences of speculative proposals in flight."""
+        self._fit = _CostFit()
+        self.peak_speculative = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.heads + self.speculative
+
+    def cost_limit(self) -> float:
+        """Speculative sequences the measured cost allows (``inf`` until it is measured)."""
+        if not self.adaptive:
+            return math.inf
+        fit = self._fit.coefficients()
+        if fit is None:
+            return math.inf
+        a, b = fit
+        if b <= 0:
+            return math.inf  # flat (latency-bound): speculation costs the others nothing
+        base = max(a + b * max(self.heads, 1), 1e-12)
+        return self.tolerance * base / b
+
+    def available(self) -> int:
+        """How many more speculative sequences may start now."""
+        room = math.inf if self.capacity is None else self.capacity - self.in_flight
+        limit = self.cost_limit() - self.speculative
+        free = min(room, limit)
+        return 0 if free <= 0 else (int(free) if math.isfinite(free) else 1 << 30)
+
+    def try_acquire(self, sequences: int) -> bool:
+        if self.available() < sequences:
+            return False
+        self.speculative += sequences
+        self.peak_speculative = max(self.peak_speculative, self.speculative)
+        return True
+
+    def release(self, sequences: int) -> None:
+        self.speculative = max(0, self.speculative - sequences)
+
+    def add_head(self, sequences: int) -> None:
+        self.heads += sequences
+
+    def remove_head(self, sequences: int) -> None:
+        self.heads = max(0, self.heads - sequences)
+
+    def observe(self, tokens: int, seconds: float, in_flight: int) -> None:
+        """A stream delivered ``tokens`` more tokens ``seconds`` after its previous chunk."""
+        if tokens <= 0 or not seconds > 0 or not math.isfinite(seconds):
+            return
+        self._fit.add(float(max(in_flight, 1)), seconds / tokens, weight=float(tokens))
+
+    def fitted(self) -> tuple[float, float] | None:
+        """The fitted ``(a, b)`` of ``seconds per token = a + b·sequences in flight``."""
+        return self._fit.coefficients()
+
+
+_BUDGETS: weakref.WeakKeyDictionary[object, SpeculationBudget] = weakref.WeakKeyDictionary()
+
+
+def budget_for(engine: object, capacity: int | None) -> SpeculationBudget:
+    """The budget shared by every chain running on ``engine`` (created on first use)."""
+    budget = _BUDGETS.get(engine)
+    if budget is None:
+        budget = SpeculationBudget(capacity)
+        _BUDGETS[engine] = budget
+    return budget
