@@ -7,7 +7,9 @@ registry (:func:`backends.create_engine`) turns it into an engine for one replic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+
+from presto_client.errors import ConfigError
+from presto_client.urls import host_port, split_userinfo
 
 VLLM_LOGPROB_MODES: tuple[str, ...] = ("raw", "processed")
 SGLANG_LOGPROB_MODES: tuple[str, ...] = ("scaled", "raw")
@@ -35,6 +37,8 @@ class EngineSpec:
     connect_timeout_s: float = 10.0
     max_retries: int = 3
     api_key: str | None = None
+    """Sent as ``Authorization: Bearer``. A URL's ``user:password@`` is sent as HTTP Basic auth
+    instead; both at once are refused (they would share the one Authorization header)."""
     name: str | None = None
     """Display name; default ``kind@host:port``."""
     vocab_size: int | None = None
@@ -45,13 +49,18 @@ class EngineSpec:
             object.__setattr__(self, "base_urls", (self.base_urls,))
         else:
             object.__setattr__(self, "base_urls", tuple(self.base_urls))
+        if self.api_key and any(split_userinfo(u)[1] is not None for u in self.base_urls):
+            raise ConfigError(
+                "an engine URL carries user:password@ and an API key is given too: use one or "
+                "the other, not both (the URL's credentials are sent as HTTP Basic auth, the "
+                "API key as a Bearer token; both would use the Authorization header)"
+            )
 
     def display_name(self, replica: int = 0) -> str:
         if self.name:
             return self.name if len(self.base_urls) <= 1 else f"{self.name}#{replica}"
         url = self.base_urls[replica] if self.base_urls else ""
-        netloc = urlsplit(url).netloc or url
-        return f"{self.kind}@{netloc}"
+        return f"{self.kind}@{host_port(url)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,11 +33,13 @@ from tenacity import (
 
 from backends.adapter import error_message
 from presto_client.errors import (
+    ConfigError,
     EngineError,
     EngineRequestError,
     EngineUnavailableError,
     InvalidResponseError,
 )
+from presto_client.urls import redact_url, split_userinfo
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +126,13 @@ class Transport:
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
-        self.base_url = base_url.rstrip("/")
+        url, userinfo = split_userinfo(base_url.rstrip("/"))
+        if userinfo is not None and api_key:
+            raise ConfigError(
+                f"{redact_url(base_url)}: give user:password@ or an API key, not both"
+            )
+        self.base_url = redact_url(base_url.rstrip("/"))
+        """The URL as shown in messages (credentials redacted)."""
         self.engine_name = engine_name
         self.max_retries = max(0, int(max_retries))
         self.start_hint = start_hint
@@ -132,7 +140,8 @@ class Transport:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._client = httpx.AsyncClient(
-            base_url=self.base_url,
+            base_url=url,
+            auth=httpx.BasicAuth(*userinfo) if userinfo is not None else None,
             headers=headers,
             timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(

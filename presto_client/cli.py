@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from presto_client.errors import ConfigError, PrestoError
 from presto_client.orchestrator import ChainOutcome, ChainSpec
 from presto_client.stats import RoundRecord
+from presto_client.urls import redact_text
 
 logger = logging.getLogger("presto_client.cli")
 
@@ -197,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------
 
 
+class _RedactingFormatter(logging.Formatter):
+    """Log lines (tracebacks included) with credentials in URLs shown as ``***@``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
 def _configure_logging(verbose: int, quiet: bool) -> None:
     level = logging.WARNING
     if quiet:
@@ -210,7 +218,7 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
         if getattr(h, "_presto", False):
             root.removeHandler(h)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s"))
     handler._presto = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
@@ -544,7 +552,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         try:
             return cmd_serve_embedded(argparse.Namespace(serve_args=arglist[1:]), sys.stdout)
         except PrestoError as exc:
-            print(f"presto: error: {exc}", file=sys.stderr)
+            print(f"presto: error: {redact_text(str(exc))}", file=sys.stderr)
             return EXIT_CONFIG
     parser = build_parser()
     args = parser.parse_args(arglist)
@@ -561,12 +569,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     except ConfigError as exc:
         if verbose:
             logger.exception("configuration error")
-        print(f"presto: error: {exc}", file=sys.stderr)
+        print(f"presto: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     except PrestoError as exc:
         if verbose:
             logger.exception("error")
-        print(f"presto: error: {exc}", file=sys.stderr)
+        print(f"presto: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except _Interrupted as exc:
         return exc.status

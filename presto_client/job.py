@@ -52,6 +52,7 @@ from presto_client.report import summarize, summary_rows
 from presto_client.rundir import RunDir, finished_ok, read_jsonl
 from presto_client.sampler_config import TRAVERSALS, SamplerConfig
 from presto_client.stats import RoundRecord
+from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def describe_plan(plan: JobPlan, finished: int = 0) -> str:
     lines = [f"job {cfg.name}: {len(plan.chains)} chain(s) -> {plan.output_dir}"]
     for e in cfg.engines:
         if isinstance(e, HttpEngineConfig):
-            where = ", ".join(e.urls)
+            where = ", ".join(redact_url(u) for u in e.urls)
             extra = f" model={e.model or '(from server)'} logprob_mode={e.logprob_mode}"
         elif isinstance(e, EmbeddedEngineConfig):
             where = "embedded CPU server (started by presto)"

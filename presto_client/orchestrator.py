@@ -34,6 +34,7 @@ from presto_client.errors import PrestoError
 from presto_client.runners import ChainResult, run_chain
 from presto_client.sampler_config import SamplerConfig
 from presto_client.stats import RoundRecord
+from presto_client.urls import redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ class OrchestratorResult:
 
 
 def _describe_error(exc: BaseException) -> str:
-    text = str(exc) or repr(exc)
+    text = redact_text(str(exc) or repr(exc))
     return text if isinstance(exc, PrestoError) else f"{type(exc).__name__}: {text}"
 
 

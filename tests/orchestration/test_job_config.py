@@ -191,11 +191,12 @@ def test_api_key_never_stored_and_urls_redacted(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "engines": [
+                    {"kind": "openai", "base_url": "https://user:hunter2@api.example.com/v1"},
                     {
                         "kind": "openai",
-                        "base_url": "https://user:hunter2@api.example.com/v1",
+                        "base_url": "https://api.example.com/v1",
                         "api_key_env": "MY_KEY",
-                    }
+                    },
                 ],
                 "prompts": ["hi"],
             }
