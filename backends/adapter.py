@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
@@ -166,6 +168,160 @@ def topk_rows(
             ids[i, j] = token
             lps[i, j] = lp
     return ids, lps
+
+
+# --------------------------------------------------------------------------------------------
+# Vectorised fast paths (issue 8): a whole response's logprob block becomes numpy arrays in a few
+# C-level passes instead of per-token Python. Each returns ``None`` when anything is unusual
+# (a non-number, NaN, a positive value, a malformed or repeated id, ...); the caller then runs the
+# per-token path above on the same input, which raises the exact error (or handles the rare
+# legitimate case, e.g. duplicates to merge). So behaviour on malformed input is unchanged.
+
+_TOKEN_ID_PREFIX = b"token_id:"
+_PREFIX_LETTERS = b"tokenid_:"
+_DIGITS_AND_COMMAS = b"0123456789,"
+_MAX_TOKEN_ID = 2**62
+_PAD_ID = np.iinfo(np.int64).max
+
+
+def logprob_array(values: Sequence[Any]) -> FloatArray | None:
+    """:func:`logprob_value` over a list, vectorised: ``None`` when any value is unusual."""
+    if not isinstance(values, list):
+        return None
+    if not values:
+        return np.zeros(0, dtype=np.float64)
+    try:
+        arr = np.array(values)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "fi":
+        return None  # None (missing), strings, bools only, nested lists
+    arr = arr.astype(np.float64, copy=False)
+    zeros = np.flatnonzero(arr == 0.0)
+    if zeros.size and any(type(values[i]) is bool for i in zeros.tolist()):
+        return None  # False is not a number here (True shows up as a positive value)
+    if np.isnan(arr).any() or (arr > 1e-3).any():
+        return None
+    arr[arr <= SENTINEL_THRESHOLD] = -np.inf
+    np.minimum(arr, 0.0, out=arr)
+    return arr
+
+
+def token_id_array(values: Sequence[Any]) -> IntArray | None:
+    """:func:`token_id_value` over a list of JSON integers, vectorised (``None``: unusual)."""
+    if not isinstance(values, list):
+        return None
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        arr = np.array(values)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind != "i":
+        return None  # strings, floats, bools, None: the per-token path decides
+    small = np.flatnonzero((arr == 0) | (arr == 1))
+    if small.size and any(type(values[i]) is bool for i in small.tolist()):
+        return None
+    return arr.astype(np.int64, copy=False)
+
+
+def token_id_keys_array(keys: Sequence[str]) -> IntArray | None:
+    """Ids from vLLM's ``"token_id:<id>"`` keys in a few C-level passes (``None``: unusual).
+
+    Only keys that are exactly the prefix followed by decimal digits take this path; anything
+    else (bare ids, negative ids, text keys) is left to :func:`token_id_value`.
+    """
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        joined = ",".join(keys).encode("ascii")
+    except (TypeError, UnicodeEncodeError):
+        return None
+    # Every key starts with the prefix, which occurs once per key and nowhere else.
+    if (
+        not joined.startswith(_TOKEN_ID_PREFIX)
+        or joined.count(b"," + _TOKEN_ID_PREFIX) != n - 1
+        or joined.count(_TOKEN_ID_PREFIX) != n
+    ):
+        return None
+    digits = joined.translate(None, _PREFIX_LETTERS)
+    if len(digits) != len(joined) - n * len(_TOKEN_ID_PREFIX) or digits.translate(
+        None, _DIGITS_AND_COMMAS
+    ):
+        return None
+    try:
+        ids = np.fromstring(digits, dtype=np.int64, sep=",")  # text mode: C parsing
+    except ValueError:
+        return None
+    if ids.shape[0] != n or (ids >= _MAX_TOKEN_ID).any():
+        return None
+    return ids
+
+
+def topk_from_flat(
+    ids: IntArray, lps: FloatArray, lengths: IntArray, k: int
+) -> tuple[IntArray, FloatArray] | None:
+    """:func:`topk_rows` on flattened rows (``lengths[i]`` entries each), vectorised.
+
+    Returns ``None`` when a row lists an id twice (merge or error: :func:`topk_rows` decides).
+    """
+    n = int(lengths.shape[0])
+    k = max(k, 0)
+    width = int(lengths.max()) if n else 0
+    out_ids = np.full((n, k), -1, dtype=np.int64)
+    out_lps = np.full((n, k), -np.inf)
+    if n == 0 or width == 0 or k == 0:
+        return out_ids, out_lps
+    mask = np.arange(width) < lengths[:, None]
+    ids2 = np.full((n, width), _PAD_ID, dtype=np.int64)
+    lps2 = np.full((n, width), -np.inf)
+    ids2[mask] = ids
+    lps2[mask] = lps
+    if width > 1:
+        by_id = np.sort(ids2, axis=1)
+        if ((by_id[:, 1:] == by_id[:, :-1]) & (by_id[:, 1:] != _PAD_ID)).any():
+            return None
+    # Decreasing logprob, then increasing id (padding last: largest id, -inf).
+    order = np.lexsort((ids2, -lps2), axis=-1)[:, :k]
+    top_ids = np.take_along_axis(ids2, order, axis=1)
+    top_lps = np.take_along_axis(lps2, order, axis=1)
+    pad = top_ids == _PAD_ID
+    top_ids[pad] = -1
+    top_lps[pad] = -np.inf
+    cols = top_ids.shape[1]
+    out_ids[:, :cols] = top_ids
+    out_lps[:, :cols] = top_lps
+    return out_ids, out_lps
+
+
+def dict_rows_flat(
+    rows: Sequence[Any],
+) -> tuple[list[Any], list[Any], IntArray] | None:
+    """Keys, values and lengths of a list of dicts (``None`` unless every row is a dict)."""
+    if not all(type(row) is dict for row in rows):
+        return None
+    keys = list(chain.from_iterable(rows))
+    values = list(chain.from_iterable(map(dict.values, rows)))
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    return keys, values, lengths
+
+
+def pair_rows_flat(
+    rows: Sequence[Any], value_at: int, id_at: int
+) -> tuple[list[Any], list[Any], IntArray] | None:
+    """Ids, values and lengths of a list of lists of ``[.., ..]`` entries (SGLang's triples)."""
+    if not all(type(row) is list for row in rows):
+        return None
+    flat = list(chain.from_iterable(rows))
+    if flat and (
+        not all(type(e) is list for e in flat) or min(map(len, flat)) <= max(value_at, id_at)
+    ):
+        return None
+    ids = list(map(itemgetter(id_at), flat))
+    values = list(map(itemgetter(value_at), flat))
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    return ids, values, lengths
 
 
 def check_length(got: int, want: int, *, label: str) -> None:

@@ -29,8 +29,12 @@ from backends.adapter import (
     TokenLogprobs,
     check_ids,
     check_length,
+    logprob_array,
     logprob_value,
+    pair_rows_flat,
+    token_id_array,
     token_id_value,
+    topk_from_flat,
     topk_rows,
 )
 from presto_client.engine import FloatArray, IntArray, ProposalRequest
@@ -72,9 +76,39 @@ def _meta(body: Any, label: str) -> dict[str, Any]:
 
 def _triples(
     entries: Any, label: str, what: str, *, first_null: bool = False
-) -> tuple[list[int], list[float]]:
+) -> tuple[IntArray, FloatArray]:
     if not isinstance(entries, list):
         raise InvalidResponseError(f"{label}: meta_info.{what} is missing")
+    fast = _fast_triples(entries, first_null=first_null)
+    if fast is not None:
+        return fast
+    ids, values = _triples_per_token(entries, label, what, first_null=first_null)
+    return np.asarray(ids, dtype=np.int64), np.asarray(values, dtype=np.float64)
+
+
+def _fast_triples(entries: list[Any], *, first_null: bool) -> tuple[IntArray, FloatArray] | None:
+    """``[[logprob, id, text], ...]`` as arrays in C-level passes (``None``: unusual)."""
+    flat = pair_rows_flat([entries], value_at=0, id_at=1)
+    if flat is None:
+        return None
+    ids_list, values_list, _ = flat
+    ids = token_id_array(ids_list)
+    if ids is None:
+        return None
+    if first_null and values_list:
+        rest = logprob_array(values_list[1:])
+        if rest is None:
+            return None
+        return ids, np.concatenate([np.full(1, np.nan), rest])
+    values = logprob_array(values_list)
+    if values is None:
+        return None
+    return ids, values
+
+
+def _triples_per_token(
+    entries: list[Any], label: str, what: str, *, first_null: bool = False
+) -> tuple[list[int], list[float]]:
     ids: list[int] = []
     values: list[float] = []
     for i, entry in enumerate(entries):
@@ -92,6 +126,13 @@ def _top_rows(entries: Any, n: int, k: int, label: str, what: str) -> tuple[IntA
     if not isinstance(entries, list) or len(entries) != n:
         got = len(entries) if isinstance(entries, list) else "no"
         raise InvalidResponseError(f"{label}: {got} {what} rows for {n} tokens")
+    flat = pair_rows_flat(entries, value_at=0, id_at=1)
+    if flat is not None:
+        ids, lps = token_id_array(flat[0]), logprob_array(flat[1])
+        if ids is not None and lps is not None:
+            rows = topk_from_flat(ids, lps, flat[2], k)
+            if rows is not None:
+                return rows
     rows: list[list[tuple[int, float]]] = []
     for i, row in enumerate(entries):
         if not isinstance(row, list):

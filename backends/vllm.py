@@ -28,8 +28,13 @@ from backends.adapter import (
     TokenLogprobs,
     check_ids,
     check_length,
+    dict_rows_flat,
+    logprob_array,
     logprob_value,
+    token_id_array,
+    token_id_keys_array,
     token_id_value,
+    topk_from_flat,
     topk_rows,
 )
 from presto_client.engine import ProposalRequest
@@ -73,7 +78,52 @@ def _choices(body: Any, label: str) -> list[dict[str, Any]]:
 def _parse_completion_logprobs(
     choice: dict[str, Any], k: int, *, label: str, expect: int | None
 ) -> TokenLogprobs:
-    """A choice's ``logprobs`` block (legacy completions shape) as normalised records."""
+    """A choice's ``logprobs`` block (legacy completions shape) as normalised records.
+
+    The whole block is turned into arrays at once (:func:`_fast_completion_logprobs`); anything
+    unusual takes the per-token path, which raises the precise error.
+    """
+    fast = _fast_completion_logprobs(choice, k, expect=expect)
+    if fast is not None:
+        return fast
+    return _parse_completion_logprobs_per_token(choice, k, label=label, expect=expect)
+
+
+def _fast_completion_logprobs(
+    choice: dict[str, Any], k: int, *, expect: int | None
+) -> TokenLogprobs | None:
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return None
+    token_logprobs = logprobs.get("token_logprobs")
+    top = logprobs.get("top_logprobs")
+    ids_field = choice.get("token_ids")
+    if not isinstance(token_logprobs, list) or not isinstance(top, list):
+        return None
+    if not isinstance(ids_field, list):
+        return None  # ids from logprobs.tokens: the per-token path
+    n = len(ids_field)
+    if (expect is not None and n != expect) or len(token_logprobs) != n or len(top) != n:
+        return None
+    ids = token_id_array(ids_field)
+    values = logprob_array(token_logprobs)
+    flat = dict_rows_flat(top)
+    if ids is None or values is None or flat is None:
+        return None
+    keys, top_values, lengths = flat
+    top_ids = token_id_keys_array(keys)
+    top_lps = logprob_array(top_values)
+    if top_ids is None or top_lps is None:
+        return None
+    rows = topk_from_flat(top_ids, top_lps, lengths, k)
+    if rows is None:
+        return None
+    return TokenLogprobs(ids, values, rows[0], rows[1])
+
+
+def _parse_completion_logprobs_per_token(
+    choice: dict[str, Any], k: int, *, label: str, expect: int | None
+) -> TokenLogprobs:
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         raise InvalidResponseError(f"{label}: the response carries no logprobs")
