@@ -10,6 +10,7 @@ prefix-cache counters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import AsyncGenerator, Awaitable, Sequence
@@ -133,6 +134,8 @@ class HttpEngine:
         self._seeds_honoured: bool | None = None
         self._scoring_ok: bool | None = None
         self.last_probe: ProbeReport | None = None
+        self.max_model_len: int | None = None
+        """The server's context length, where ``/v1/models`` gives it (read with the model)."""
 
     # ---- properties
 
@@ -170,7 +173,36 @@ class HttpEngine:
         body = await self.transport.request_json(
             "GET", self.adapter.models_path, label="model discovery"
         )
-        return self.adapter.parse_models(body).names
+        parsed = self.adapter.parse_models(body)
+        if parsed.max_model_len is not None:
+            self.max_model_len = parsed.max_model_len
+        return parsed.names
+
+    async def identity(self) -> dict[str, Any]:
+        """What the run directory records of this server, so that a resume cannot mix engines:
+        the resolved model, the logprob mode, ``max_model_len`` and the server's version (each
+        ``None`` where the server does not tell)."""
+        model = await self.model()
+        if self.max_model_len is None:
+            with contextlib.suppress(EngineError):
+                await self._served_models()
+        return {
+            "model": model,
+            "logprob_mode": self.adapter.mode,
+            "max_model_len": self.max_model_len,
+            "version": await self._server_version(),
+        }
+
+    async def _server_version(self) -> str | None:
+        """``GET /version`` (vLLM), one attempt; ``None`` when the server has no such route."""
+        try:
+            if await self.transport.get_status("/version") != 200:
+                return None
+            body = await self.transport.request_json("GET", "/version", label="version")
+        except EngineError:
+            return None
+        version = body.get("version") if isinstance(body, dict) else None
+        return str(version) if version is not None else None
 
     # ---- generate
 

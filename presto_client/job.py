@@ -620,6 +620,7 @@ async def _run_chains(
                 engines[name] = OpenEngine(
                     name, e.kind, list(replicas), e.max_concurrency, e.eos_token_id
                 )
+        run.record_engine_identity(await _engine_identities(engines))
         prompt_ids = await _tokenized_prompts(plan, engines)
         samplers = {n: sampler_for(plan, h.eos_token_id) for n, h in engines.items()}
         specs = [
@@ -673,6 +674,24 @@ async def _run_chains(
                             "hits": after["prefix_cache_hits"] - b["prefix_cache_hits"],
                         }
                     )
+
+
+async def _engine_identities(engines: Mapping[str, OpenEngine]) -> dict[str, dict[str, Any]]:
+    """What each HTTP engine serves (model, version, max_model_len, logprob mode); its replicas
+    must agree."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, handle in engines.items():
+        found = [await r.identity() for r in handle.replicas if hasattr(r, "identity")]
+        if not found:
+            continue
+        models = sorted({str(i["model"]) for i in found})
+        if len(models) > 1:
+            raise ConfigError(
+                f"engine {name}: its replicas serve different models ({', '.join(models)}); "
+                "a chain's replica would decide its model. Point base_urls at one model"
+            )
+        out[name] = found[0]
+    return out
 
 
 def pending_engines(plan: JobPlan) -> list[str]:

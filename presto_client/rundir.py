@@ -2,7 +2,8 @@
 
     <output_dir>/
       config.resolved.yaml   the validated config, defaults filled in, secrets redacted
-      run.json               what identifies the work (fingerprint), sessions, every chain's seed
+      run.json               what identifies the work (fingerprint), sessions, every chain's seed,
+                             what each engine served (engine_identity: model, version, ...)
       records.jsonl          one line per engine call of a chain (a round), appended and flushed
       samples.jsonl          one line per finished chain (ok or failed, with the error)
       metrics.jsonl          per session and engine: prefix-cache counters before/after
@@ -14,7 +15,8 @@ Resume: opening an existing directory keeps the chains that finished ok (the las
 of a chain wins; a truncated last line is tolerated), drops the records and samples of every
 other chain (unfinished or failed: they restart from their seed) by rewriting both files
 atomically, and refuses a directory whose fingerprint (the work-defining part of the config)
-differs from the job's.
+differs from the job's, or whose finished chains ran on an engine that now serves another model
+(or version, context length, logprob mode).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
 LOCK_FILE = ".lock"
+ENGINE_IDENTITY = "engine_identity"
 FORMAT_VERSION = 1
 
 
@@ -60,6 +63,15 @@ def fingerprint_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> lis
         elif a != b:
             out.append(key)
     return out
+
+
+def identity_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The identity fields (model, version, ...) both sides know and disagree on."""
+    return [
+        k
+        for k in sorted(set(old) & set(new))
+        if old[k] is not None and new[k] is not None and old[k] != new[k]
+    ]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -274,6 +286,39 @@ class RunDir:
             dropped,
         )
         return finished
+
+    def record_engine_identity(self, identities: Mapping[str, Mapping[str, Any]]) -> None:
+        """Check what each engine serves (model, version, max_model_len, logprob mode) against
+        what the chains already finished here ran on, then record it in ``run.json``.
+
+        Raises :class:`ConfigError` naming the difference when resuming would put chains of two
+        different engines under one engine name (and so in one summary).
+        """
+        info = self.run_info()
+        stored: dict[str, Any] = dict(info.get(ENGINE_IDENTITY, {}))
+        ran: dict[str, int] = {}
+        for row in self.finished.values():
+            ran[str(row.get("engine"))] = ran.get(str(row.get("engine")), 0) + 1
+        problems: list[str] = []
+        for name, new in identities.items():
+            old = stored.get(name)
+            if isinstance(old, dict) and ran.get(name):
+                problems.extend(
+                    f"engine {name} now has {key} {new[key]!r}, but the {ran[name]} chain(s) "
+                    f"finished here ran with {key} {old[key]!r}"
+                    for key in identity_conflicts(old, new)
+                )
+                stored[name] = {**old, **{k: v for k, v in new.items() if v is not None}}
+            else:
+                stored[name] = dict(new)
+        if problems:
+            raise ConfigError(
+                f"{self.path}: resuming would mix engines in one run: {'; '.join(problems)}. "
+                "Point the engine at the server the run started with (or set its model), or "
+                "choose another --output"
+            )
+        info[ENGINE_IDENTITY] = stored
+        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default))
 
     # --- writing --------------------------------------------------------------------------------
 
