@@ -64,7 +64,7 @@ class MaskedReferenceModel(ReferenceModel):
         self.masked = tuple(int(t) for t in masked)
 
     def logprobs(self, context: Sequence[int]) -> FloatArray:
-        key = tuple(int(t) for t in context)
+        key = tuple(map(int, context))
         row = self._cache.get(key)
         if row is None:
             row = super().logprobs(context)
@@ -120,7 +120,9 @@ class Stats:
                 self.payloads.append(payload)
 
 
-class _BadRequest(Exception):
+class BadRequest(Exception):
+    """A request the engine refuses (an HTTP 4xx with the dialect's error body)."""
+
     def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.message = message
@@ -233,35 +235,45 @@ class EmulationServer:
         self, prefix: Sequence[int], n: int, temperature: float, seed: int | None, top_k: int = 0
     ) -> tuple[list[int], FloatArray]:
         """``n`` tokens and their raw rows (``top_k <= 0``: exactly ``ReferenceModel.sample``)."""
+        ids: list[int] = []
+        rows = np.empty((n, self.vocab_size))
+        for i, (token, row) in enumerate(self.iter_sample(prefix, n, temperature, seed, top_k)):
+            ids.append(token)
+            rows[i] = row
+        return ids, rows
+
+    def iter_sample(
+        self, prefix: Sequence[int], n: int, temperature: float, seed: int | None, top_k: int = 0
+    ) -> Iterator[tuple[int, FloatArray]]:
+        """:meth:`sample` one token at a time: ``(token, raw row)`` (the model lock per token)."""
         if seed is None:
             seed = random.SystemRandom().randrange(2**63)
         if temperature < GREEDY_BELOW:
-            with self._model_lock:
-                context = list(prefix)
-                greedy: list[int] = []
-                rows = np.empty((n, self.vocab_size))
-                for i in range(n):
-                    rows[i] = self.model.logprobs(context)
-                    greedy.append(int(np.argmax(rows[i])))
-                    context.append(greedy[-1])
-                return greedy, rows
-        with self._model_lock:
-            if top_k <= 0 or top_k >= self.vocab_size:
-                return self.model.sample(prefix, n, temperature, seed)
-            rng = np.random.default_rng(seed)
             context = list(prefix)
-            ids: list[int] = []
-            rows = np.empty((n, self.vocab_size))
-            for i in range(n):
-                row = self.model.logprobs(context)
-                rows[i] = row
-                q = np.exp(self._processed(row, temperature, top_k))
-                token = min(
-                    int(np.searchsorted(np.cumsum(q), rng.random(), side="right")), len(q) - 1
-                )
-                ids.append(token)
+            for _ in range(n):
+                with self._model_lock:
+                    row = self.model.logprobs(context)
+                token = int(np.argmax(row))
                 context.append(token)
-            return ids, rows
+                yield token, row
+            return
+        if top_k <= 0 or top_k >= self.vocab_size:
+            inner = self.model.iter_sample(prefix, n, temperature, seed)
+            while True:
+                with self._model_lock:
+                    item = next(inner, None)
+                if item is None:
+                    return
+                yield item
+        rng = np.random.default_rng(seed)
+        context = list(prefix)
+        for _ in range(n):
+            with self._model_lock:
+                row = self.model.logprobs(context)
+            q = np.exp(self._processed(row, temperature, top_k))
+            token = min(int(np.searchsorted(np.cumsum(q), rng.random(), side="right")), len(q) - 1)
+            context.append(token)
+            yield token, row
 
     @staticmethod
     def _processed(row: FloatArray, temperature: float, top_k: int = 0) -> FloatArray:
@@ -274,6 +286,14 @@ class EmulationServer:
         out = np.full_like(scaled, -np.inf)
         out[finite] = log_softmax(scaled[finite])[0]
         return out
+
+    def prefix_cache_read(self, tokens: Sequence[int]) -> int:
+        """Count a prefix-cache lookup of ``tokens``; returns the number of cached tokens hit."""
+        return self._prefix_cache(tokens, read=True)
+
+    def prefix_cache_insert(self, tokens: Sequence[int]) -> None:
+        """Make the blocks of ``tokens`` cached (as a finished or aborted request leaves them)."""
+        self._cache_insert(tokens)
 
     def _prefix_cache(self, tokens: Sequence[int], *, read: bool) -> int:
         """Count a cache lookup of ``tokens``; returns the number of cached tokens hit."""
@@ -326,17 +346,17 @@ class EmulationServer:
             ],
         }
 
-    def _vllm_validate(self, body: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
+    def vllm_validate(self, body: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise _BadRequest(
+            raise BadRequest(
                 f"The model `{model}` does not exist. Valid aliases: {self.model_name}.",
                 "model",
                 status=404,
             )
         prompt = body.get("prompt")
         if isinstance(prompt, list) and not prompt:
-            raise _BadRequest("You must pass at least one prompt")
+            raise BadRequest("You must pass at least one prompt")
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             prompts = [prompt]
         elif isinstance(prompt, list) and all(
@@ -344,23 +364,23 @@ class EmulationServer:
         ):
             prompts = prompt
         else:
-            raise _BadRequest(
+            raise BadRequest(
                 "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
             )
         for p in prompts:
             for t in p:
                 if not 0 <= t < self.vocab_size:
-                    raise _BadRequest(f"Token id {t} is out of vocabulary")
+                    raise BadRequest(f"Token id {t} is out of vocabulary")
         max_tokens = body.get("max_tokens", 16)
         if max_tokens is None:
             max_tokens = 16
         if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise _BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
         for p in prompts:
             # A prompt over the context is a 400; prompt + max_tokens over it is not: vLLM
             # silently cuts max_tokens (finish_reason "length").
             if len(p) >= self.max_model_len:
-                raise _BadRequest(
+                raise BadRequest(
                     f"This model's maximum context length is {self.max_model_len} tokens. "
                     f"However, your prompt contains {len(p)} input tokens. Please reduce the "
                     "length of the input prompt.",
@@ -369,27 +389,27 @@ class EmulationServer:
         top_k = body.get("top_k", 0)
         top_k = 0 if top_k is None else top_k
         if top_k < -1:
-            raise _BadRequest(f"top_k must be 0 (disable), or at least 1, got {top_k}.", "top_k")
+            raise BadRequest(f"top_k must be 0 (disable), or at least 1, got {top_k}.", "top_k")
         temperature = body.get("temperature", 1.0)
         temperature = 1.0 if temperature is None else float(temperature)
         if not 0.0 <= temperature <= 2.0:
-            raise _BadRequest(f"temperature must be in [0, 2], got {temperature}.", "temperature")
+            raise BadRequest(f"temperature must be in [0, 2], got {temperature}.", "temperature")
         limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
         for field_name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
             value = body.get(field_name)
             if value is None:
                 continue
             if not isinstance(value, int) or (value < 0 and value != -1):
-                raise _BadRequest(f"`{field_name}` must be a positive value or -1.", field_name)
+                raise BadRequest(f"`{field_name}` must be a positive value or -1.", field_name)
             n = self.vocab_size if value == -1 else value
             if n > limit:
-                raise _BadRequest(
+                raise BadRequest(
                     f"Requested {kind} logprobs of {n}, which is greater than max allowed: "
                     f"{limit} (parameter={field_name}, value={n})",
                     field_name,
                 )
         if body.get("stream") and body.get("prompt_logprobs") is not None:
-            raise _BadRequest("`prompt_logprobs` are not available when `stream=True`.")
+            raise BadRequest("`prompt_logprobs` are not available when `stream=True`.")
         opts = {
             "max_tokens": max_tokens,
             "temperature": temperature,
@@ -409,13 +429,29 @@ class EmulationServer:
         def key(t: int) -> str:
             return f"token_id:{t}" if as_ids else _token_text(t)
 
-        entries: dict[str, float] = {key(token): max(float(row_ret[token]), VLLM_SENTINEL)}
+        value = max(float(row_ret[token]), VLLM_SENTINEL)
+        entries: dict[str, float] = {key(token): value}
         if k != 0:
             kk = self.vocab_size if k == -1 else k
-            order = np.argsort(-row_ret, kind="stable")[:kk]
-            for t in order:
-                entries.setdefault(key(int(t)), max(float(row_ret[t]), VLLM_SENTINEL))
-        return max(float(row_ret[token]), VLLM_SENTINEL), entries
+            order = np.argsort(-row_ret, kind="stable")[:kk].tolist()
+            values = np.maximum(row_ret[order], VLLM_SENTINEL).tolist()
+            for t, v in zip(order, values, strict=True):
+                entries.setdefault(key(t), v)
+        return value, entries
+
+    def vllm_token_entry(
+        self, token: int, row: FloatArray, opts: dict[str, Any]
+    ) -> tuple[float, dict[str, float]] | None:
+        """The logprob and top-logprob dict returned for ``token`` drawn from raw ``row``."""
+        if opts["logprobs"] is None:
+            return None
+        temperature = opts["temperature"]
+        if self.logprobs_mode == "raw_logprobs" or temperature < GREEDY_BELOW:
+            row_ret = row  # greedy requests return unscaled logprobs
+        else:
+            top_k = opts["top_k"] if opts["top_k"] > 0 else 0
+            row_ret = self._processed(row, temperature, top_k)
+        return self._vllm_token_logprobs(token, row_ret, opts["logprobs"], opts["as_ids"])
 
     def _vllm_prompt_logprobs(self, prompt: Sequence[int], k: int) -> list[Any]:
         out: list[Any] = [None]
@@ -442,23 +478,32 @@ class EmulationServer:
     def vllm_choice(
         self, index: int, prompt: list[int], opts: dict[str, Any]
     ) -> tuple[dict[str, Any], list[int], list[tuple[float, dict[str, float]]]]:
-        n = min(opts["max_tokens"], self.max_model_len - len(prompt))
-        temperature = opts["temperature"]
+        n = self.vllm_num_tokens(prompt, opts)
         top_k = opts["top_k"] if opts["top_k"] > 0 else 0
-        ids, rows = self.sample(prompt, n, temperature, opts["seed"], top_k)
+        ids, rows = self.sample(prompt, n, opts["temperature"], opts["seed"], top_k)
         if opts["prompt_logprobs"] is None:
             self._prefix_cache(prompt, read=True)
         self._cache_insert([*prompt, *ids])
         per_token: list[tuple[float, dict[str, float]]] = []
-        if opts["logprobs"] is not None:
-            for i, t in enumerate(ids):
-                if self.logprobs_mode == "raw_logprobs" or temperature < GREEDY_BELOW:
-                    row_ret = rows[i]  # greedy requests return unscaled logprobs
-                else:
-                    row_ret = self._processed(rows[i], temperature, top_k)
-                per_token.append(
-                    self._vllm_token_logprobs(t, row_ret, opts["logprobs"], opts["as_ids"])
-                )
+        for i, t in enumerate(ids):
+            entry = self.vllm_token_entry(t, rows[i], opts)
+            if entry is not None:
+                per_token.append(entry)
+        return self.vllm_choice_body(index, prompt, ids, per_token, opts), ids, per_token
+
+    def vllm_num_tokens(self, prompt: Sequence[int], opts: dict[str, Any]) -> int:
+        """Tokens a request generates (``max_tokens`` cut at ``max_model_len``)."""
+        return int(min(opts["max_tokens"], self.max_model_len - len(prompt)))
+
+    def vllm_choice_body(
+        self,
+        index: int,
+        prompt: list[int],
+        ids: list[int],
+        per_token: Sequence[tuple[float, dict[str, float]]],
+        opts: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A non-streamed choice for ``ids`` (``per_token`` from :meth:`vllm_token_entry`)."""
         choice: dict[str, Any] = {
             "index": index,
             "text": "".join(_token_text(t) for t in ids),
@@ -474,7 +519,7 @@ class EmulationServer:
         }
         if opts["logprobs"] is not None:
             choice["logprobs"] = self._vllm_logprobs_block(ids, per_token, opts["as_ids"])
-        return choice, ids, per_token
+        return choice
 
     @staticmethod
     def _vllm_logprobs_block(
@@ -494,7 +539,7 @@ class EmulationServer:
         }
 
     def vllm_completion(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompts, opts = self._vllm_validate(body)
+        prompts, opts = self.vllm_validate(body)
         choices = []
         n_prompt = n_gen = 0
         for i, p in enumerate(prompts):
@@ -502,6 +547,12 @@ class EmulationServer:
             choices.append(choice)
             n_prompt += len(p)
             n_gen += len(ids)
+        return self.vllm_completion_body(choices, n_prompt, n_gen)
+
+    def vllm_completion_body(
+        self, choices: list[dict[str, Any]], n_prompt: int, n_gen: int
+    ) -> dict[str, Any]:
+        """The envelope of a non-streamed completion around its choices."""
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:16]}",
             "object": "text_completion",
@@ -523,49 +574,74 @@ class EmulationServer:
         }
 
     def vllm_stream_events(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        prompts, opts = self._vllm_validate(body)
+        prompts, opts = self.vllm_validate(body)
         if len(prompts) != 1:
-            raise _BadRequest("the emulation streams single prompts only", "prompt")
+            raise BadRequest("the emulation streams single prompts only", "prompt")
         prompt = prompts[0]
         _, ids, per_token = self.vllm_choice(0, prompt, opts)
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
         created = int(time.time())
-        for i, t in enumerate(ids):
-            chunk_choice: dict[str, Any] = {
-                "index": 0,
-                "text": _token_text(t),
-                "logprobs": None
-                if not per_token
-                else self._vllm_logprobs_block([t], [per_token[i]], opts["as_ids"]),
-                "finish_reason": "length" if i == len(ids) - 1 else None,
-                "stop_reason": None,
-                "prompt_token_ids": prompt if (i == 0 and opts["return_token_ids"]) else None,
-                "token_ids": [t] if opts["return_token_ids"] else None,
-            }
-            yield {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": self.model_name,
-                "choices": [chunk_choice],
-            }
-        if not opts["include_usage"]:
-            return
-        yield {
+        for i in range(len(ids)):
+            yield self.vllm_stream_chunk(
+                rid, created, prompt, ids, per_token, opts, start=i, stop=i + 1
+            )
+        if opts["include_usage"]:
+            yield self.vllm_usage_chunk(rid, created, len(prompt), len(ids))
+
+    def vllm_stream_chunk(
+        self,
+        rid: str,
+        created: int,
+        prompt: list[int],
+        ids: Sequence[int],
+        per_token: Sequence[tuple[float, dict[str, float]]],
+        opts: dict[str, Any],
+        *,
+        start: int,
+        stop: int,
+    ) -> dict[str, Any]:
+        """The SSE event carrying tokens ``ids[start:stop]`` of a request generating ``ids``.
+
+        ``ids``/``per_token`` may hold only the tokens generated so far (at least ``stop``);
+        ``opts["max_tokens"]`` (cut at the context) says whether ``stop`` is the last token.
+        """
+        part = [int(t) for t in ids[start:stop]]
+        last = stop >= self.vllm_num_tokens(prompt, opts)
+        chunk_choice: dict[str, Any] = {
+            "index": 0,
+            "text": "".join(_token_text(t) for t in part),
+            "logprobs": None
+            if opts["logprobs"] is None
+            else self._vllm_logprobs_block(part, per_token[start:stop], opts["as_ids"]),
+            "finish_reason": "length" if last else None,
+            "stop_reason": None,
+            "prompt_token_ids": prompt if (start == 0 and opts["return_token_ids"]) else None,
+            "token_ids": part if opts["return_token_ids"] else None,
+        }
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [chunk_choice],
+        }
+
+    def vllm_usage_chunk(self, rid: str, created: int, n_prompt: int, n_gen: int) -> dict[str, Any]:
+        """The final usage event of a stream (with ``stream_options.include_usage``)."""
+        return {
             "id": rid,
             "object": "text_completion",
             "created": created,
             "model": self.model_name,
             "choices": [],
             "usage": {
-                "prompt_tokens": len(prompt),
-                "total_tokens": len(prompt) + len(ids),
-                "completion_tokens": len(ids),
+                "prompt_tokens": n_prompt,
+                "total_tokens": n_prompt + n_gen,
+                "completion_tokens": n_gen,
             },
-            "system_fingerprint": "emulation-vllm",
         }
 
-    def vllm_metrics(self) -> str:
+    def vllm_metrics(self, running: int = 0, waiting: int = 0) -> str:
         labels = f'engine="0",model_name="{self.model_name}"'
         lines = [
             "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of "
@@ -590,7 +666,10 @@ class EmulationServer:
             f"vllm:external_prefix_cache_hits_total{{{labels}}} 0.0",
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} 0.0",
+            f"vllm:num_requests_running{{{labels}}} {float(running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -619,7 +698,7 @@ class EmulationServer:
         if not input_ids or not all(
             isinstance(t, int) and 0 <= t < self.vocab_size for t in input_ids
         ):
-            raise _BadRequest("input_ids must be a non-empty list of token ids in the vocabulary")
+            raise BadRequest("input_ids must be a non-empty list of token ids in the vocabulary")
         n = int(params.get("max_new_tokens", 128))
         temperature = float(params.get("temperature", 1.0))
         seed = params.get("sampling_seed")
@@ -672,7 +751,7 @@ class EmulationServer:
 
     def sglang_generate(self, body: dict[str, Any]) -> Any:
         if body.get("stream"):
-            raise _BadRequest("the emulation does not stream /generate")
+            raise BadRequest("the emulation does not stream /generate")
         input_ids = body.get("input_ids")
         params = body.get("sampling_params") or {}
         return_logprob = bool(body.get("return_logprob"))
@@ -682,13 +761,13 @@ class EmulationServer:
         if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
             plist = params if isinstance(params, list) else [params] * len(input_ids)
             if len(plist) != len(input_ids):
-                raise _BadRequest("sampling_params and input_ids have different lengths")
+                raise BadRequest("sampling_params and input_ids have different lengths")
             return [
                 self.sglang_one(ids, p, return_logprob, top_n, start)
                 for ids, p in zip(input_ids, plist, strict=True)
             ]
         if not isinstance(input_ids, list):
-            raise _BadRequest("input_ids is required")
+            raise BadRequest("input_ids is required")
         if isinstance(params, list):
             params = params[0]
         return self.sglang_one(input_ids, params, return_logprob, top_n, start)
@@ -847,7 +926,7 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
                     answer = server.vllm_completion(body)
                 else:
                     answer = server.sglang_generate(body)
-            except _BadRequest as exc:
+            except BadRequest as exc:
                 self._error(exc.status, exc.message, exc.param)
                 return
             self._send(200, server.corrupt(answer))

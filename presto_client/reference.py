@@ -8,7 +8,7 @@ fast tests, and the model behind the HTTP emulation servers of the backend tests
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
@@ -40,19 +40,49 @@ class ReferenceModel:
         self.logit_scale = logit_scale
         self.eos_token_id = eos_token_id
         self._cache: dict[tuple[int, ...], FloatArray] = {}
+        self._seed_words: np.ndarray | None = None
 
     def logprobs(self, context: Sequence[int]) -> FloatArray:
         """Raw ``log p0(· | context)`` over the vocabulary."""
-        key = tuple(int(t) for t in context)
+        key = tuple(map(int, context))
         row = self._cache.get(key)
         if row is None:
             # SeedSequence hashes the whole context: the logits depend on every token of it.
-            rng = np.random.default_rng(
-                np.random.SeedSequence(self.seed, spawn_key=(len(key), *key))
-            )
+            rng = np.random.default_rng(self._seed_sequence(key))
             row = log_softmax(rng.normal(scale=self.logit_scale, size=self.vocab_size))[0]
             self._cache[key] = row
         return row
+
+    def _seed_sequence(self, key: tuple[int, ...]) -> np.random.SeedSequence:
+        """``SeedSequence(seed, spawn_key=(len(key), *key))``, built without its slow path.
+
+        NumPy coerces a ``spawn_key`` tuple element by element in Python (~1 µs per token, the
+        bulk of a row's cost on long contexts); its assembled entropy is the seed's 32-bit words
+        zero-padded to the pool size, then the spawn key's words, so passing that array as the
+        entropy gives the same pool, hence the same stream. Keys with an element outside
+        ``[0, 2**32)`` (several words, or invalid) take NumPy's own path.
+        """
+        if self._seed_words is None:
+            seed, words = int(self.seed), []
+            if seed < 0:
+                raise ValueError("the reference model's seed must be non-negative")
+            while True:
+                words.append(seed & 0xFFFFFFFF)
+                seed >>= 32
+                if seed == 0:
+                    break
+            pool = np.random.SeedSequence().pool_size
+            self._seed_words = np.array(words + [0] * (pool - len(words)), dtype=np.uint32)
+        try:
+            tokens = np.fromiter(key, dtype=np.int64, count=len(key))
+        except OverflowError:
+            tokens = None
+        if tokens is None or (tokens.size and (tokens.min() < 0 or tokens.max() > 0xFFFFFFFF)):
+            return np.random.SeedSequence(self.seed, spawn_key=(len(key), *key))
+        entropy = np.concatenate(
+            [self._seed_words, np.array([len(key)], dtype=np.uint32), tokens.astype(np.uint32)]
+        )
+        return np.random.SeedSequence(entropy)
 
     def sample(
         self, prefix: Sequence[int], num_tokens: int, temperature: float, seed: int
@@ -61,19 +91,26 @@ class ReferenceModel:
 
         Returns the ids and the ``[n, V]`` raw logprob rows of the positions they were drawn at.
         """
-        rng = np.random.default_rng(seed)
-        context = list(prefix)
         ids: list[int] = []
         rows = np.empty((num_tokens, self.vocab_size))
-        for i in range(num_tokens):
-            row = self.logprobs(context)
+        for i, (token, row) in enumerate(self.iter_sample(prefix, num_tokens, temperature, seed)):
             rows[i] = row
+            ids.append(token)
+        return ids, rows
+
+    def iter_sample(
+        self, prefix: Sequence[int], num_tokens: int, temperature: float, seed: int
+    ) -> Iterator[tuple[int, FloatArray]]:
+        """:meth:`sample` one token at a time: ``(token, raw row it was drawn from)``."""
+        rng = np.random.default_rng(seed)
+        context = list(prefix)
+        for _ in range(num_tokens):
+            row = self.logprobs(context)
             q = np.exp(log_softmax(row / temperature)[0])
             drawn = int(np.searchsorted(np.cumsum(q), rng.random(), side="right"))
             token = min(drawn, len(q) - 1)  # guards the rounding of the last cumulative sum
-            ids.append(token)
             context.append(token)
-        return ids, rows
+            yield token, row
 
     def rows(self, prefix: Sequence[int], token_ids: Sequence[int]) -> FloatArray:
         """The ``[n, V]`` raw logprob rows at each position of ``token_ids`` after ``prefix``."""
