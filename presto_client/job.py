@@ -49,7 +49,7 @@ from presto_client.orchestrator import (
 from presto_client.prompt_tokens import decode, encode
 from presto_client.reference import ReferenceEngine, ReferenceModel
 from presto_client.report import summarize, summary_rows
-from presto_client.rundir import RunDir, finished_ok, read_jsonl
+from presto_client.rundir import RunDir, check_output_dir, finished_ok, read_jsonl
 from presto_client.sampler_config import TRAVERSALS, SamplerConfig
 from presto_client.stats import RoundRecord
 from presto_client.urls import redact_url
@@ -703,6 +703,7 @@ def pending_engines(plan: JobPlan) -> list[str]:
 
 def run_job(plan: JobPlan, **kwargs: Any) -> JobResult:
     """Blocking :func:`run_job_async`, starting (and stopping) embedded servers around it."""
+    check_output_dir(plan.output_dir)  # a config error before any engine starts
     with contextlib.ExitStack() as stack:
         urls = start_embedded_servers(plan.config, stack, only=pending_engines(plan))
         return asyncio.run(run_job_async(plan, embedded_urls=urls, **kwargs))

@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -72,6 +73,28 @@ def identity_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[s
         for k in sorted(set(old) & set(new))
         if old[k] is not None and new[k] is not None and old[k] != new[k]
     ]
+
+
+def check_output_dir(path: Path) -> None:
+    """Make sure ``path`` is (or can become) a writable directory, before any engine starts.
+
+    Raises :class:`ConfigError` naming the path and the cause (an existing file, no permission,
+    a read-only file system).
+    """
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            f"output directory {path} is not a directory (a file is there); choose another "
+            "--output (or output_dir)"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".presto-write-check."):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the output directory {path}: {exc.strerror or exc}; choose another "
+            "--output (or output_dir), or fix its permissions"
+        ) from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -195,7 +218,7 @@ class RunDir:
         ``chains`` (chain id, arm, prompt, chain, seed, ...) are merged into ``run.json`` so that
         every chain's seed is on disk before it runs.
         """
-        self.path.mkdir(parents=True, exist_ok=True)
+        check_output_dir(self.path)
         if not self.exists() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
             raise ConfigError(
                 f"{self.path} exists and is not a run directory; choose another --output"
