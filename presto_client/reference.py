@@ -53,6 +53,11 @@ class ReferenceModel:
             self._cache[key] = row
         return row
 
+    def trim_cache(self, max_rows: int) -> None:
+        """Forget the cached rows once there are more than ``max_rows`` (long-running servers)."""
+        if len(self._cache) > max_rows:
+            self._cache.clear()
+
     def _seed_sequence(self, key: tuple[int, ...]) -> np.random.SeedSequence:
         """``SeedSequence(seed, spawn_key=(len(key), *key))``, built without its slow path.
 
