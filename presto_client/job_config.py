@@ -36,7 +36,13 @@ from pydantic import (
 )
 
 from presto_client.errors import ConfigError
-from presto_client.sampler_config import SAMPLERS, TRAVERSALS, SamplerConfig
+from presto_client.sampler_config import (
+    MAX_ALPHA,
+    MIN_TAU,
+    SAMPLERS,
+    TRAVERSALS,
+    SamplerConfig,
+)
 from presto_client.urls import redact_url, split_userinfo
 
 HTTP_KINDS: tuple[str, ...] = ("vllm", "sglang", "openai")
@@ -260,9 +266,20 @@ class SamplerSettings(_Strict):
     sampler: Literal["power_mh", "entropy_cut", "multi_try_mh"] = Field(
         "power_mh", description=f"Which power sampler: one of {', '.join(SAMPLERS)}."
     )
-    alpha: float = Field(4.0, gt=0, description="Sharpening exponent α of the target p0^α.")
+    alpha: float = Field(
+        4.0,
+        gt=0,
+        le=MAX_ALPHA,
+        allow_inf_nan=False,
+        description=f"Sharpening exponent α of the target p0^α: a finite number in "
+        f"(0, {MAX_ALPHA:g}] (the paper uses 4; beyond ~100 it is greedy decoding in practice).",
+    )
     tau: float | None = Field(
-        None, gt=0, description="Proposal temperature τ; null: 1/α (the paper's setting)."
+        None,
+        ge=MIN_TAU,
+        allow_inf_nan=False,
+        description=f"Proposal temperature τ, at least {MIN_TAU:g}; null: 1/α (the paper's "
+        "setting).",
     )
     block_size: int = Field(16, ge=1, description="Tokens per block B.")
     num_blocks: int = Field(1, ge=1, description="Blocks per response (length = B × blocks).")

@@ -62,6 +62,11 @@ def scores_from_topk(
     p_k = np.where(finite, probs, np.inf).min(axis=1)
     p_k = np.where(np.isfinite(p_k), p_k, 1.0)
     n_returned = finite.sum(axis=1)
+    # In log space (exp(a·log p) underflows to 0 for large a = 1/τ, e.g. α = 500: log Z = −inf).
+    log_pk = np.where(finite, top, np.inf).min(axis=1)
+    log_pk = np.where(np.isfinite(log_pk), log_pk, 0.0)
+    with np.errstate(divide="ignore"):
+        log_tail = np.log(tail)
 
     plogp = np.where(probs > 0, probs * np.log(np.where(probs > 0, probs, 1.0)), 0.0)
     entropy = -plogp.sum(axis=1) + np.where(tail > 0, -tail * np.log(p_k), 0.0)
@@ -78,20 +83,28 @@ def scores_from_topk(
         if np.isclose(a, 1.0, rtol=0.0, atol=1e-12):
             zlo = zhi = np.zeros_like(mass)
         else:
-            head = np.where(finite, np.exp(a * np.where(finite, top, 0.0)), 0.0).sum(axis=1)
-            if a > 1.0:
-                lo = head
-                hi = head + tail * p_k ** (a - 1.0)
-            else:
-                if vocab_size is None:
-                    raise ValueError(
-                        f"temperature {tau} > 1 needs the vocabulary size to bound the tail"
-                    )
-                n_tail = np.clip(vocab_size - n_returned, 0, None).astype(np.float64)
-                lo = head + tail * p_k ** (a - 1.0)
-                hi = head + n_tail ** (1.0 - a) * tail**a
-                lo = np.minimum(lo, hi)
-            zlo, zhi = np.log(lo), np.log(hi)
+            # Every sum is taken relative to its largest head term (a max shift), so that
+            # Z's terms never underflow: log Z = shift + log Σ exp(term − shift).
+            scaled = np.where(finite, a * np.where(finite, top, 0.0), -np.inf)
+            shift = scaled.max(axis=1)
+            shift = np.where(np.isfinite(shift), shift, 0.0)
+            head = np.exp(scaled - shift[:, None]).sum(axis=1)
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                # tail · p_K^(a−1), the tail's share when a > 1 (and its floor when a < 1)
+                tail_pk = np.exp(log_tail + (a - 1.0) * log_pk - shift)
+                if a > 1.0:
+                    lo = head
+                    hi = head + tail_pk
+                else:
+                    if vocab_size is None:
+                        raise ValueError(
+                            f"temperature {tau} > 1 needs the vocabulary size to bound the tail"
+                        )
+                    n_tail = np.clip(vocab_size - n_returned, 0, None).astype(np.float64)
+                    lo = head + tail_pk
+                    hi = head + np.exp((1.0 - a) * np.log(n_tail) + a * log_tail - shift)
+                    lo = np.minimum(lo, hi)
+                zlo, zhi = np.log(lo) + shift, np.log(hi) + shift
         log_z_lo[:, m] = zlo
         log_z_hi[:, m] = zhi
         logq_lo[:, m] = a * sampled - zhi

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 SamplerName = Literal["power_mh", "entropy_cut", "multi_try_mh"]
 Traversal = Literal["sequential", "bfs", "predictive", "crn", "stream"]
+
+MAX_ALPHA = 1000.0
+"""The largest sharpening exponent accepted: far past greedy decoding in practice (α = 4 in the
+paper), and it keeps α·Δlog p0 meaningful with float32 engine logprobs (noise ~1e-5 nats)."""
+MIN_TAU = 1.0 / MAX_ALPHA
+"""The smallest proposal temperature accepted (τ = 1/α at the largest α)."""
 
 SAMPLERS: tuple[str, ...] = ("power_mh", "entropy_cut", "multi_try_mh")
 TRAVERSALS: tuple[str, ...] = ("sequential", "bfs", "predictive", "crn", "stream")
@@ -38,10 +45,10 @@ class SamplerConfig:
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {self.sampler!r}; valid samplers are {SAMPLERS}")
-        if self.alpha <= 0:
-            raise ValueError("alpha must be > 0")
-        if self.tau is not None and self.tau <= 0:
-            raise ValueError("tau must be > 0")
+        if not 0 < self.alpha <= MAX_ALPHA:  # (NaN fails too)
+            raise ValueError(f"alpha must be > 0 and at most {MAX_ALPHA:g}, got {self.alpha}")
+        if self.tau is not None and not MIN_TAU <= self.tau < math.inf:
+            raise ValueError(f"tau must be finite and at least {MIN_TAU:g}, got {self.tau}")
         if self.block_size < 1 or self.num_blocks < 1 or self.steps_per_block < 0:
             raise ValueError("block_size and num_blocks must be >= 1, steps_per_block >= 0")
         if self.k_try < 1:
