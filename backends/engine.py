@@ -74,6 +74,7 @@ async def gather_or_cancel(aws: Sequence[Awaitable[T]]) -> list[T]:
         return []
     try:
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        # (t.exception() of every done sibling is read: none is left "never retrieved")
         failed = [t for t in done if not t.cancelled() and t.exception() is not None]
         if failed:
             for t in pending:

@@ -123,12 +123,12 @@ async def gather_or_fail(aws: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    # The earliest request (in order) that failed is the error we report.
-    for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            exc = t.exception()
-            assert exc is not None
-            raise exc
+    # Read every sibling's exception (else asyncio logs "Task exception was never retrieved"
+    # for each); the earliest request (in order) that failed is the error we report.
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
     return [t.result() for t in tasks]
 
 

@@ -1,0 +1,56 @@
+"""Gather helpers read every sibling's exception (issue 10, item 9): no "Task exception was
+never retrieved" when several requests of a batch fail (a server rejecting top-20)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from backends.engine import gather_or_cancel
+from presto_client.orchestrator import gather_or_fail
+
+
+async def _fails(delay: float, n: int) -> int:
+    await asyncio.sleep(delay)
+    raise ValueError(f"rejected {n}")
+
+
+async def _ok(delay: float) -> int:
+    await asyncio.sleep(delay)
+    return 1
+
+
+Helper = Callable[[Sequence[Any]], Awaitable[list[Any]]]
+
+
+@pytest.mark.parametrize("helper", [gather_or_fail, gather_or_cancel])
+def test_sibling_failures_are_retrieved(helper: Helper) -> None:
+    unretrieved: list[dict[str, Any]] = []
+    raised: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+        for _ in range(3):
+            # every request of a batch rejected at once (a server refusing top-20), and a
+            # batch where a later request is still in flight
+            for batch in (
+                [_fails(0.0, 0), _fails(0.0, 1), _fails(0.0, 2)],
+                [_fails(0.0, 0), _fails(0.0, 1), _ok(0.0), _fails(0.0, 2), _fails(0.01, 3)],
+            ):
+                try:
+                    await helper(batch)
+                except ValueError as exc:
+                    raised.append(str(exc))
+        await asyncio.sleep(0.05)
+        gc.collect()
+
+    asyncio.run(main())
+    gc.collect()
+    assert raised == ["rejected 0"] * 6  # the earliest request's error, as itself
+    messages = [str(c.get("message")) for c in unretrieved]
+    assert not messages, messages
