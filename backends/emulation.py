@@ -64,6 +64,8 @@ class MaskedReferenceModel(ReferenceModel):
         self.masked = tuple(int(t) for t in masked)
 
     def logprobs(self, context: Sequence[int]) -> FloatArray:
+        if not self.masked:
+            return super().logprobs(context)
         key = tuple(map(int, context))
         row = self._cache.get(key)
         if row is None:
