@@ -484,12 +484,13 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     from presto_client.job import describe_plan, make_plan
-    from presto_client.rundir import finished_ok, read_jsonl
+    from presto_client.rundir import RunDir
 
     cfg = _load(args)
     plan = make_plan(cfg)
-    samples = plan.output_dir / "samples.jsonl"
-    done = {c.chain_id for c in plan.chains} & set(finished_ok(read_jsonl(samples)))
+    # the same check as `presto run` (a directory run would refuse is an error here too)
+    finished = RunDir(plan.output_dir).check_resumable(plan.fingerprint)
+    done = {c.chain_id for c in plan.chains} & set(finished)
     print(f"{args.config}: valid", file=out)
     print(describe_plan(plan, finished=len(done)), file=out)
     if args.probe:

@@ -15,7 +15,8 @@ Resume: opening an existing directory keeps the chains that finished ok (the las
 of a chain wins; a truncated last line is tolerated), drops the records and samples of every
 other chain (unfinished or failed: they restart from their seed) by rewriting both files
 atomically, and refuses a directory whose fingerprint (the work-defining part of the config)
-differs from the job's, or whose finished chains ran on an engine that now serves another model
+differs from the job's where finished chains depend on it (a run that died before any chain
+finished is re-planned), or whose finished chains ran on an engine that now serves another model
 (or version, context length, logprob mode).
 """
 
@@ -204,6 +205,33 @@ class RunDir:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def check_resumable(self, fingerprint: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """Whether a job with ``fingerprint`` may run in this directory (read-only; what
+        ``presto validate`` and ``presto run`` both ask); returns the chains finished ok.
+
+        A difference matters only where finished chains depend on it: an engine's identity for
+        the chains of that engine, the rest (sampler, seed, prompts) for any finished chain. A
+        run that died before any chain finished (a wrong model name at the probe) is re-planned.
+        Raises :class:`ConfigError` otherwise.
+        """
+        if not self.exists():
+            return {}
+        old = self.run_info().get("fingerprint", {})
+        finished = finished_ok(self.samples())
+        ran = {str(row.get("engine")) for row in finished.values()}
+        keys = [
+            k
+            for k in fingerprint_conflicts(old, fingerprint)
+            if (k.partition(".")[2] in ran if k.startswith("engines.") else bool(finished))
+        ]
+        if keys:
+            raise ConfigError(
+                f"{self.path} holds a run of a different job (differs in: {', '.join(keys)}) "
+                f"with {len(finished)} chain(s) finished; choose another --output, or delete "
+                "the directory to start over"
+            )
+        return finished
+
     # --- opening a session ----------------------------------------------------------------------
 
     def open(
@@ -239,14 +267,15 @@ class RunDir:
         info: dict[str, Any] = {}
         merged_engines: dict[str, Any] = dict(dict(fingerprint).get("engines", {}))
         if self.exists():
+            self.check_resumable(fingerprint)
             info = self.run_info()
             old = info.get("fingerprint", {})
-            keys = fingerprint_conflicts(old, fingerprint)
-            if keys:
-                raise ConfigError(
-                    f"{self.path} holds a run of a different job (differs in: "
-                    f"{', '.join(keys)}); choose another --output, or delete the directory to "
-                    "start over"
+            replanned = fingerprint_conflicts(old, fingerprint)
+            if replanned:
+                logger.info(
+                    "%s: re-planned (no finished chain depends on %s)",
+                    self.path,
+                    ", ".join(replanned),
                 )
             merged_engines = {**old.get("engines", {}), **dict(fingerprint).get("engines", {})}
         self.finished = self._prepare_resume({str(c["chain_id"]) for c in chains})
