@@ -2,8 +2,14 @@
 
 * One :class:`httpx.AsyncClient` per replica, with explicit :class:`httpx.Timeout` and
   :class:`httpx.Limits` sized to ``max_concurrency``; a semaphore bounds in-flight requests.
+* The code speaks httpx, but by default the requests travel over aiohttp's connection pool
+  (``httpx-aiohttp``'s transport, one ``aiohttp`` session per replica, keep-alive on, at most
+  ``max_concurrency`` connections): httpx's own pool (httpcore) spends CPU per request that
+  grows with the number of connections, which made the client, not the engine, the bottleneck
+  with hundreds of concurrent chains (issue 8, ``docs/benchmarks.md``). JSON goes both ways
+  through orjson; server-sent events are split and decoded from the raw bytes as they arrive.
 * Retries (tenacity, jittered exponential backoff, ``Retry-After`` honoured) for connection
-  errors, timeouts, 408, 429 and 5xx only. A 4xx surfaces at once as
+  errors, timeouts, 408, 429 and 5xx only (not 501/505, which retrying cannot change). A 4xx surfaces at once as
   :class:`~presto_client.errors.EngineRequestError` with the server's own message.
 * Cancellation is never swallowed: cancelling a caller aborts its HTTP request (httpx closes
   the connection), and closing a stream iterator closes the HTTP stream.
@@ -22,7 +28,10 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
+from httpx_aiohttp import AiohttpTransport
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -31,7 +40,12 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from backends.adapter import error_message
+from backends.http_errors import (
+    FINAL_5XX,
+    body_message,
+    describe_transport_error,
+    is_refused,
+)
 from presto_client.errors import (
     ConfigError,
     EngineError,
@@ -99,12 +113,105 @@ class _Wait:
         return float(self._backoff(state))
 
 
+def loads(data: bytes | memoryview) -> Any:
+    """orjson, falling back to the standard library for what only it reads (``NaN``,
+    ``Infinity``: Python servers write them, and a NaN logprob must reach the parser, which
+    names it). Raises :class:`ValueError` on anything that is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(bytes(data))
+
+
 def _decode_json(response: httpx.Response, label: str) -> Any:
     try:
-        return response.json()
+        return loads(response.content)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         snippet = response.text[:200]
         raise InvalidResponseError(f"{label}: the response is not JSON: {snippet!r}") from exc
+
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def aiohttp_pool(
+    max_connections: int, *, keepalive_s: float = 30.0, connect_timeout_s: float | None = None
+) -> httpx.AsyncBaseTransport:
+    """httpx's interface over aiohttp's connection pool: at most ``max_connections`` sockets to
+    the replica, kept alive ``keepalive_s`` between requests (no cookies: an engine sets none)."""
+
+    def session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=max_connections, limit_per_host=0, keepalive_timeout=keepalive_s
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        )
+
+    limits = httpx.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=keepalive_s,
+    )
+    return AiohttpTransport(limits=limits, client=session)
+
+
+def httpx_pool(max_connections: int, *, keepalive_s: float = 30.0) -> httpx.AsyncBaseTransport:
+    """httpx's own pool (httpcore), as before issue 8: kept for comparisons (benchmarks)."""
+    limits = httpx.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=keepalive_s,
+    )
+    return httpx.AsyncHTTPTransport(limits=limits)
+
+
+class SSEDecoder:
+    """Incremental server-sent-events decoder over raw bytes.
+
+    :meth:`feed` takes the bytes as they arrive and returns the ``data:`` payloads of the lines
+    completed so far (``b"[DONE]"`` included) as views into one growing buffer: no per-line
+    copies and no text decoding (orjson reads the views). Call :meth:`compact` once those views
+    have been decoded, before the next :meth:`feed`.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._consumed = 0
+
+    def feed(self, chunk: bytes) -> list[memoryview]:
+        self.compact()
+        buf = self._buf
+        buf += chunk
+        out: list[memoryview] = []
+        start = 0
+        find = buf.find
+        view = memoryview(buf)
+        while True:
+            end = find(b"\n", start)
+            if end < 0:
+                break
+            if buf.startswith(b"data:", start):
+                stop = end - 1 if end > start and buf[end - 1] == 13 else end  # "\r\n"
+                first = start + 5
+                while first < stop and buf[first] == 32:  # the space(s) after "data:"
+                    first += 1
+                out.append(view[first:stop])
+            start = end + 1
+        view.release()
+        self._consumed = start
+        return out
+
+    def compact(self) -> None:
+        """Drop the lines already returned (their views must no longer be in use)."""
+        start, self._consumed = self._consumed, 0
+        if start:
+            try:
+                del self._buf[:start]
+            except BufferError:  # a view is still alive somewhere: copy the rest instead
+                self._buf = self._buf[start:]
 
 
 class Transport:
@@ -136,6 +243,10 @@ class Transport:
         self.engine_name = engine_name
         self.max_retries = max(0, int(max_retries))
         self.start_hint = start_hint
+        self._timeouts = {
+            "request_timeout_s": request_timeout_s,
+            "connect_timeout_s": connect_timeout_s,
+        }
         headers = {"Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -147,7 +258,9 @@ class Transport:
             limits=httpx.Limits(
                 max_connections=max_concurrency, max_keepalive_connections=max_concurrency
             ),
-            transport=transport,
+            transport=transport
+            if transport is not None
+            else aiohttp_pool(max_concurrency, connect_timeout_s=connect_timeout_s),
         )
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._sleep: Sleep = sleep if sleep is not None else asyncio.sleep
@@ -157,10 +270,12 @@ class Transport:
     # ---- errors
 
     def _unavailable(self, exc: BaseException, attempts: int) -> EngineUnavailableError:
-        hint = f"; {self.start_hint}" if self.start_hint else ""
+        hint = f"; if no server runs there, {self.start_hint}" if self.start_hint else ""
+        if is_refused(exc):  # most often a typo in the URL or port, not a server to start
+            hint = f"; check the host and port of base_url ({self.base_url}){hint}"
+        what = describe_transport_error(exc, **self._timeouts)
         return EngineUnavailableError(
-            f"cannot reach {self.base_url} after {attempts} attempt(s) "
-            f"({type(exc).__name__}: {exc}){hint}",
+            f"cannot reach {self.base_url} after {attempts} attempt(s) ({what}){hint}",
             engine=self.engine_name,
             retryable=True,
         )
@@ -186,8 +301,10 @@ class Transport:
             body: Any = json.loads(body_text) if body_text else None
         except json.JSONDecodeError:
             body = None
-        message = error_message(body, body_text[:500] or response.reason_phrase)
-        if status in RETRY_STATUSES or status >= 500:
+        message = body_message(
+            body, body_text, response.headers.get("Content-Type", ""), response.reason_phrase
+        )
+        if status in RETRY_STATUSES or (status >= 500 and status not in FINAL_5XX):
             raise RetryableHTTPError(
                 status, message, parse_retry_after(response.headers.get("Retry-After"))
             )
@@ -239,11 +356,17 @@ class Transport:
     ) -> Any:
         """Send one request (with retries) and decode its JSON answer."""
 
+        content = None if payload is None else orjson.dumps(payload)
+        headers = None if payload is None else JSON_HEADERS
+
         async def attempt() -> Any:
             async with self._semaphore:
                 self.requests_sent += 1
-                response = await self._client.request(method, path, json=payload)
-            self._check_status(response, response.text, label)
+                response = await self._client.request(
+                    method, path, content=content, headers=headers
+                )
+            if response.status_code >= 400:
+                self._check_status(response, response.text, label)
             return _decode_json(response, label)
 
         return await self._with_retries(attempt, label)
@@ -277,9 +400,27 @@ class Transport:
         (a proposal cannot be resumed midway). Closing the iterator closes the HTTP stream,
         which aborts the request on the server.
         """
+        batches = self.stream_event_batches(path, payload, label=label)
+        try:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+        finally:
+            await batches.aclose()
+
+    async def stream_event_batches(
+        self, path: str, payload: dict[str, Any], *, label: str
+    ) -> AsyncGenerator[list[Any], None]:
+        """As :meth:`stream_events`, but the events decoded from each network read together
+        (one list per read that completed at least one event): a consumer that falls behind
+        gets several events at once and can handle them as one chunk."""
+
+        content = orjson.dumps(payload)
 
         async def connect() -> httpx.Response:
-            request = self._client.build_request("POST", path, json=payload)
+            request = self._client.build_request(
+                "POST", path, content=content, headers=JSON_HEADERS
+            )
             response = await self._client.send(request, stream=True)
             if response.status_code >= 400:
                 try:
@@ -292,20 +433,27 @@ class Transport:
         async with self._semaphore:
             self.requests_sent += 1
             response: httpx.Response = await self._with_retries(connect, label)
+            decoder = SSEDecoder()
             try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                done = False
+                async for chunk in response.aiter_bytes():
+                    batch: list[Any] = []
+                    for data in decoder.feed(chunk):
+                        if data[:1] == b"[" and bytes(data).strip() == b"[DONE]":
+                            done = True
+                            break
+                        try:
+                            batch.append(loads(data))
+                        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+                            text = bytes(data).decode("utf-8", "replace").strip()
+                            raise InvalidResponseError(
+                                f"{label}: a stream event is not JSON: {text[:200]!r}"
+                            ) from exc
+                    del data
+                    if batch:
+                        yield batch
+                    if done:
                         break
-                    try:
-                        event = json.loads(data)
-                    except json.JSONDecodeError as exc:
-                        raise InvalidResponseError(
-                            f"{label}: a stream event is not JSON: {data[:200]!r}"
-                        ) from exc
-                    yield event
             except httpx.TransportError as exc:
                 raise EngineUnavailableError(
                     f"{label}: the stream from {self.base_url} broke: {exc}",
@@ -317,3 +465,6 @@ class Transport:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        # aiohttp closes its sockets on the loop's next turn: give it that turn, so that a loop
+        # closed right after (asyncio.run, tests) does not leak them.
+        await asyncio.sleep(0)
