@@ -30,6 +30,8 @@ from presto_client.sampler_config import TRAVERSALS
 logger = logging.getLogger(__name__)
 
 BASELINE = "sequential"
+REPLAYING = ("crn", "stream")
+"""Traversals that use the transition-keyed draws, so replay the baseline's chain exactly."""
 
 _SUM_KEYS = (
     "transitions",
@@ -367,8 +369,8 @@ def _speedup_cell(arm: Mapping[str, Any]) -> str:
 
 
 def _same_cell(arm: Mapping[str, Any]) -> str:
-    # Only crn replays the baseline's chain (same draws); other rules are exact in law only.
-    if arm.get("identical_to_baseline") is None or arm.get("traversal") != "crn":
+    # Only crn and stream replay the baseline's chain (same draws); the trees are exact in law only.
+    if arm.get("identical_to_baseline") is None or arm.get("traversal") not in REPLAYING:
         return "-"
     return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
 
@@ -401,7 +403,7 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("eps-certain", "eps_certain_share"),
     ("model time s", "model_call_time_s"),
     ("speedup vs sequential", "speedup"),
-    ("crn replays", "same"),
+    ("replays", "same"),
     ("cache hit", "prefix_cache_hit_rate"),
 )
 
@@ -459,7 +461,7 @@ _SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (
     ("model-call time, s", "model_call_time_s", "s"),
     ("median per chain, s", "model_call_time_median_s", "s"),
     ("speedup vs sequential", "", "speedup"),
-    ("crn replays baseline", "", "same"),
+    ("replays baseline (crn, stream)", "", "same"),
     ("calls", "calls", ""),
     ("transitions per call", "transitions_per_call", ""),
     ("requests per call", "requests_per_call", ""),

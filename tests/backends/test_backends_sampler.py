@@ -1,4 +1,4 @@
-"""The sampler through the HTTP engines: PreSTO (crn) replays the sequential chain exactly.
+"""The sampler through the HTTP engines: PreSTO (crn, stream) replays the sequential chain exactly.
 
 Same chain seed, same transition draws, same per-proposal seeds: a sequential run and a PreSTO
 run against the same emulation server must produce the same chain (tokens, cuts, decisions).
@@ -36,15 +36,16 @@ SAMPLERS = [
 ]
 
 
+@pytest.mark.parametrize("traversal", ["crn", "stream"])
 @pytest.mark.parametrize(("kind", "server_kw", "mode"), CASES)
 @pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: s.sampler)
-async def test_crn_replays_sequential_over_http(
-    kind: str, server_kw: dict[str, object], mode: str, sampler: SamplerConfig
+async def test_presto_replays_sequential_over_http(
+    kind: str, server_kw: dict[str, object], mode: str, sampler: SamplerConfig, traversal: str
 ) -> None:
     with EmulationServer(kind, **server_kw) as server:  # type: ignore[arg-type]
         engine = make_engine(kind, server.base_url, logprob_mode=mode, vocab_size=64)
         seq = await run_chain(engine, PROMPT, sampler, traversal="sequential", seed=7)
-        crn = await run_chain(engine, PROMPT, sampler, traversal="crn", n_pf=4, seed=7)
+        crn = await run_chain(engine, PROMPT, sampler, traversal=traversal, n_pf=4, seed=7)
         await engine.aclose()
     assert crn.full_token_ids == seq.full_token_ids
     assert [(t.cut, t.accepted) for t in crn.transitions] == [

@@ -19,6 +19,7 @@ from presto_client.kernels import EntropyCut, MultiTryMH, PowerMH
 from presto_client.reference import ReferenceEngine, ReferenceModel
 from presto_client.runners import PrestoRunner, run_chain
 from presto_client.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.stream_runner import StreamRunner
 
 PROMPT = (0,)
 P_THRESHOLD = 1e-4
@@ -186,3 +187,26 @@ def test_chi_square_test_behaves() -> None:
     assert exact.chi_square_test([600, 250, 150], probs) < 1e-6
     assert exact.chi_square_test([0, 0, 10], np.array([0.5, 0.5, 0.0])) == 0.0
     assert math.isclose(exact.chi_square_test([5, 5], np.array([0.5, 0.5])), 1.0, abs_tol=0.5)
+
+
+class _StaleStreamProposals(StreamRunner):
+    """A wrong window: proposals are used although an accept rewrote their prefix."""
+
+    def _usable(self, flight, state):  # type: ignore[no-untyped-def]
+        return True
+
+
+@pytest.mark.slow
+async def test_the_distribution_test_rejects_a_stream_that_keeps_stale_proposals() -> None:
+    model, config = DISTRIBUTION_CASES["power_mh_tau1"]
+    law = exact.law_after(model, PROMPT, config)
+    engine = ReferenceEngine(model)
+    counts = np.zeros(model.vocab_size**config.response_length)
+    for seed in range(1500):
+        runner = _StaleStreamProposals(engine, config, seed, None, window=8)
+        try:
+            result = await runner.run(PROMPT)
+        except ValueError:  # a stale suffix may not even fit the state it is spliced into
+            continue
+        counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
+    assert exact.chi_square_test(counts, law) < P_THRESHOLD

@@ -100,7 +100,7 @@ def test_compare_prints_side_by_side(write_config: Callable[..., Path], tmp_path
     assert status == 0, out
     header = out.splitlines()[0]
     assert "ref/sequential" in header and "ref/crn" in header and "ref/bfs" in header
-    assert "transitions per call" in out and "crn replays baseline" in out
+    assert "transitions per call" in out and "replays baseline" in out
     assert "speedup vs ref/sequential" in out
     status, _ = run_cli("compare", str(write_config()), "--traversals", "crn", "--no-progress")
     assert status == 2

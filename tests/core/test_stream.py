@@ -1,0 +1,335 @@
+"""The ``stream`` traversal: replay of the sequential chain under every engine behaviour a
+window meets (proposals finishing in random order, streams closed midway, streams that break and
+are retried), early rejection that never rejects what the full kernel accepts, and the shared
+speculation budget. The law of finished chains is tested with the other traversals in
+``test_exact_law.py`` (``TRAVERSALS`` includes ``stream``)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import zlib
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+import pytest
+
+from presto_client.engine import ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.errors import EngineRequestError, EngineUnavailableError
+from presto_client.kernels import Kernel, RejectionBound, _SuffixBound, make_kernel
+from presto_client.reference import ReferenceEngine, ReferenceModel
+from presto_client.rng import ChainRandomness
+from presto_client.runners import ChainResult, run_chain
+from presto_client.sampler_config import SamplerConfig
+from presto_client.speculation import MIN_OBSERVATIONS, SpeculationBudget
+from presto_client.state import ChainState
+from presto_client.stream_runner import StreamRunner
+
+SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
+
+
+def _walk(result: ChainResult) -> list[tuple[int, int, int, bool, int]]:
+    return [
+        (t.block, t.k, t.cut, t.accepted, t.selected if t.accepted else -1)
+        for t in result.transitions
+    ]
+
+
+class JitteryEngine:
+    """The reference engine behind streams that arrive in random chunks at random times, and
+    that break midway (a retryable error, as a dropped connection) with some probability.
+
+    Counts open streams, so a test can check that every closed or finished one was released.
+    """
+
+    def __init__(
+        self,
+        inner: ReferenceEngine,
+        *,
+        seed: int,
+        break_probability: float = 0.0,
+        fail_seed: int | None = None,
+    ) -> None:
+        self.inner = inner
+        self.name = "jittery"
+        self.rng = random.Random(seed)
+        self.break_probability = break_probability
+        self.fail_seed = fail_seed
+        self.open_streams = 0
+        self.breaks = 0
+        self.broken: set[tuple[tuple[int, ...], int]] = set()
+        self.closed_early = 0
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        return await self.inner.generate(requests)
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+        return await self.inner.score(requests)
+
+    async def aclose(self) -> None:
+        return None
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        (whole,) = await self.inner.generate([request])
+        self.open_streams += 1
+        key = (request.prefix, request.seed)
+        breaks_at = (  # each request breaks at most once: the retry then goes through
+            self.rng.randrange(len(whole))
+            if len(whole) and key not in self.broken and self.rng.random() < self.break_probability
+            else None
+        )
+        finished = False
+        try:
+            i = 0
+            while i < len(whole):
+                await asyncio.sleep(self.rng.random() * 2e-4)
+                if breaks_at is not None and i >= breaks_at:
+                    self.breaks += 1
+                    self.broken.add(key)
+                    raise EngineUnavailableError(
+                        "the stream broke", engine=self.name, retryable=True
+                    )
+                if request.seed == self.fail_seed:
+                    raise EngineRequestError("refused", engine=self.name)
+                n = self.rng.randint(1, 3)
+                yield whole.slice(i, i + n)
+                i += n
+            finished = True
+        finally:
+            self.open_streams -= 1
+            if not finished:
+                self.closed_early += 1
+
+
+@pytest.mark.parametrize("top_k", [None, 5], ids=["exact", "top5-certified"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("window", [1, 3, 8])
+async def test_stream_replays_the_sequential_chain(sampler: str, top_k: int | None, window: int):
+    model = ReferenceModel(12, seed=7)
+    config = SamplerConfig(sampler=sampler, block_size=8, num_blocks=2, steps_per_block=24)
+    for seed in range(2):
+        baseline = await run_chain(
+            ReferenceEngine(model, top_k=top_k), [3, 1], config, traversal="sequential", seed=seed
+        )
+        stream = await run_chain(
+            ReferenceEngine(model, top_k=top_k),
+            [3, 1],
+            config,
+            traversal="stream",
+            n_pf=window,
+            seed=seed,
+        )
+        assert stream.full_token_ids == baseline.full_token_ids
+        assert _walk(stream) == _walk(baseline)
+        assert stream.stats.transitions == baseline.stats.transitions == 48
+        assert stream.stats.requests_used == 48
+        if window == 1:
+            assert stream.stats.requests_issued == 48 and stream.stats.requests_cancelled == 0
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+async def test_stream_replays_when_streams_arrive_out_of_order_break_and_are_closed(
+    sampler: str,
+) -> None:
+    """Proposals complete in random order and in random chunks, some streams break midway and
+    are retried, accepted proposals make later ones unusable (closed mid-stream and re-issued),
+    early rejections close streams: the chain is still the sequential chain."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(sampler=sampler, block_size=10, num_blocks=2, steps_per_block=16)
+    totals = {"breaks": 0, "cancelled": 0, "early": 0, "closed": 0}
+    for seed in range(4):
+        baseline = await run_chain(
+            ReferenceEngine(model, top_k=4), [2], config, traversal="sequential", seed=seed
+        )
+        engine = JitteryEngine(ReferenceEngine(model, top_k=4), seed=seed, break_probability=0.15)
+        stream = await run_chain(engine, [2], config, traversal="stream", n_pf=6, seed=seed)
+        assert stream.full_token_ids == baseline.full_token_ids
+        assert _walk(stream) == _walk(baseline)
+        assert engine.open_streams == 0  # every stream finished or was closed
+        totals["breaks"] += engine.breaks
+        totals["cancelled"] += stream.stats.requests_cancelled
+        totals["early"] += stream.stats.early_rejects
+        totals["closed"] += engine.closed_early
+    # The scenario really exercised what it claims to.
+    assert totals["breaks"] > 0
+    assert totals["cancelled"] > 0
+    assert totals["closed"] > 0  # streams were closed midway (cancelled or rejected early)
+    if sampler != "multi_try_mh":  # MultiTryMH needs every candidate bad at once: rarer
+        assert totals["early"] > 0
+
+
+async def test_a_failed_stream_fails_the_chain_and_closes_the_others() -> None:
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=10, steps_per_block=12)
+    draws = ChainRandomness(5).transition(0, 4)
+    engine = JitteryEngine(ReferenceEngine(model), seed=1, fail_seed=draws.seeds[0])
+    with pytest.raises(EngineRequestError, match="refused"):
+        await run_chain(engine, [2], config, traversal="stream", n_pf=6, seed=5)
+    assert engine.open_streams == 0
+
+
+# ---- early rejection: a true bound, never a false rejection
+
+
+async def _states(
+    model: ReferenceModel,
+    kernel: Kernel,
+    top_k: int,
+    prompt: tuple[int, ...],
+    seed: int,
+) -> tuple[ChainState, ChainState]:
+    """The same state scored exactly and with certified top-K intervals."""
+    exact_engine, topk_engine = ReferenceEngine(model), ReferenceEngine(model, top_k=top_k)
+    request = kernel.extension_request(prompt, seed)
+    (exact,) = await exact_engine.generate([request])
+    (interval,) = await topk_engine.generate([request])
+    assert np.array_equal(exact.token_ids, interval.token_ids)
+    return ChainState(prompt, exact), ChainState(prompt, interval)
+
+
+class _SeenTokensOnly(_SuffixBound):
+    """A plausible wrong bound: ``log A`` over the first ``m`` tokens of both ``x`` and ``y``."""
+
+    def __init__(self, kernel: Kernel, state: ChainState, cut: int, draws) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(kernel, state, cut, draws)
+        self._x = state.response.slice(cut)
+        self._seen = 0
+
+    def feed(self, index: int, chunk: ScoredTokens) -> None:
+        super().feed(index, chunk)
+        self._seen += len(chunk)
+
+    def upper(self) -> float:
+        x = self._x.slice(0, self._seen)
+        x_side = -self._alpha * float(x.logp0.sum()) + float(x.logq_hi[:, 0].sum())
+        return x_side + self._partial
+
+
+async def _false_rejections(
+    sampler: str, top_k: int | None, trials: int, wrong: bool = False
+) -> tuple[int, int]:
+    """(early rejections found, of which the full kernel would have accepted)."""
+    rng = np.random.default_rng(zlib.crc32(f"{sampler}/{top_k}/{wrong}".encode()))
+    early = false = 0
+    for trial in range(trials):
+        length = int(rng.integers(3, 12))
+        config = SamplerConfig(
+            sampler=sampler,
+            alpha=float(rng.choice([2.0, 4.0, 6.0])),
+            block_size=length,
+            k_try=int(rng.integers(1, 4)),
+        )
+        if sampler == "multi_try_mh":
+            config = SamplerConfig(
+                sampler=sampler,
+                alpha=float(rng.choice([4.0, 6.0])),  # α ≥ 1/τ for every listed temperature
+                block_size=length,
+                k_try=int(rng.integers(1, 4)),
+            )
+        model = ReferenceModel(8, seed=int(rng.integers(1 << 30)), logit_scale=2.5)
+        kernel = make_kernel(config)
+        state_exact, state_interval = await _states(
+            model, kernel, top_k or 8, (int(rng.integers(8)),), trial
+        )
+        state = state_exact if top_k is None else state_interval
+        draws = ChainRandomness(trial).transition(0, int(rng.integers(100)))
+        cut = kernel.cut(state_exact, draws.u_cut)
+        requests = kernel.requests(state.prefix(cut), length - cut, draws)
+        proposals_exact = await ReferenceEngine(model).generate(requests)
+        proposals = (
+            proposals_exact
+            if top_k is None
+            else await ReferenceEngine(model, top_k=top_k).generate(requests)
+        )
+        truth = kernel.evaluate(state_exact, cut, proposals_exact, draws)
+        assert truth.decided
+        bound: RejectionBound | None
+        if wrong:
+            bound = _SeenTokensOnly(kernel, state, cut, draws)
+        else:
+            bound = kernel.rejection_bound(state, cut, draws)
+        assert bound is not None
+        # Feed in random interleavings of the candidates' chunks, checking after every chunk.
+        offsets = [0] * len(proposals)
+        while any(o < length - cut for o in offsets):
+            i = int(rng.choice([j for j, o in enumerate(offsets) if o < length - cut]))
+            n = int(rng.integers(1, 3))
+            bound.feed(i, proposals[i].slice(offsets[i], offsets[i] + n))
+            offsets[i] = min(offsets[i] + n, length - cut)
+            if bound.rejects():
+                early += 1
+                false += int(truth.accepted)
+                break
+    return early, false
+
+
+@pytest.mark.parametrize("top_k", [None, 3], ids=["exact", "top3-certified"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+async def test_early_rejection_never_rejects_what_the_kernel_accepts(
+    sampler: str, top_k: int | None
+) -> None:
+    early, false = await _false_rejections(sampler, top_k, trials=400)
+    assert false == 0
+    # The property was exercised, not vacuous (MultiTryMH needs every candidate bad at once).
+    assert early >= (5 if sampler == "multi_try_mh" else 20)
+
+
+async def test_the_property_test_catches_a_wrong_bound() -> None:
+    _, false = await _false_rejections("power_mh", None, trials=400, wrong=True)
+    assert false > 0
+
+
+def test_no_bound_where_the_tokens_terms_can_be_positive() -> None:
+    """The bound needs ``α ≥ 1/τ ≥ 1``: with ``α < 1/τ`` or ``τ > 1`` a token's term
+    ``(α − 1/τ)·log p0 + log Z_τ`` can be positive, and no bound is given."""
+    state = ChainState((0,), ScoredTokens.empty(1, False))
+    draws = ChainRandomness(0).transition(0, 0)
+    assert make_kernel(SamplerConfig(alpha=2.0, tau=0.25)).rejection_bound(state, 0, draws) is None
+    assert make_kernel(SamplerConfig(alpha=4.0, tau=2.0)).rejection_bound(state, 0, draws) is None
+    mtm = SamplerConfig(sampler="multi_try_mh", alpha=2.0, temperatures=(0.25, 1.0))
+    assert make_kernel(mtm).rejection_bound(state, 0, draws) is None
+
+
+# ---- the speculation budget
+
+
+def test_budget_keeps_the_heads_slots() -> None:
+    budget = SpeculationBudget(4, adaptive=False)
+    budget.add_head(3)
+    assert budget.try_acquire(1)
+    assert not budget.try_acquire(1)  # 3 heads + 1 speculative fill the engine
+    budget.release(1)
+    budget.remove_head(3)
+    assert budget.available() == 4
+
+
+def test_budget_follows_the_engines_measured_cost() -> None:
+    flat = SpeculationBudget(None)
+    cpu = SpeculationBudget(None)
+    for i in range(4 * MIN_OBSERVATIONS):
+        n = 1 + i % 8
+        flat.observe(1, 0.007 + 0.00001 * n, n)  # a GPU decode step: nearly flat in batch
+        cpu.observe(1, 0.010 + 0.0025 * n, n)  # vLLM-CPU: every sequence costs
+    a, b = cpu.fitted() or (0.0, 0.0)
+    assert math.isclose(a, 0.010, rel_tol=1e-6) and math.isclose(b, 0.0025, rel_tol=1e-6)
+    cpu.add_head(1)
+    flat.add_head(1)
+    # tolerance 0.5: speculation may slow a step by half of step(1) = 12.5 ms -> 2.5 sequences
+    assert cpu.available() == 2
+    assert flat.available() > 100
+    assert not cpu.try_acquire(3) and cpu.try_acquire(2)
+
+
+async def test_a_spent_budget_makes_the_stream_chain_sequential() -> None:
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=8, steps_per_block=12)
+    engine = ReferenceEngine(model)
+    baseline = await run_chain(engine, [1], config, traversal="sequential", seed=2)
+    runner = StreamRunner(
+        engine, config, 2, None, window=8, budget=SpeculationBudget(1, adaptive=False)
+    )
+    result = await runner.run([1])
+    assert result.full_token_ids == baseline.full_token_ids
+    assert result.stats.requests_issued == 12  # no speculation: one request per transition
+    assert result.stats.requests_cancelled == 0
