@@ -359,11 +359,18 @@ class HttpEngine:
         healthy, :class:`ProbeError` when it serves another model or its logprob semantics are
         not the configured mode. Softer findings go to ``warnings`` and the log.
         """
+        health = f"{self.base_url}{self.adapter.health_path}"
         status = await self.transport.get_status(self.adapter.health_path)
+        if status in (404, 405, 501):  # nothing there: a wrong URL, or another kind of server
+            raise EngineUnavailableError(
+                f"{health} answered HTTP {status}: a wrong URL? {self.adapter.health_path} is "
+                "not served there, so this is not the root of a vLLM/SGLang/OpenAI-compatible "
+                "server; base_url is the server's root (e.g. http://localhost:8000, no /v1)",
+                engine=self.name,
+            )
         if status != 200:
             raise EngineUnavailableError(
-                f"{self.base_url}{self.adapter.health_path} answered HTTP {status}: the server "
-                "is not ready (still loading?)",
+                f"{health} answered HTTP {status}: the server is not ready (still loading?)",
                 engine=self.name,
             )
         names = await self._served_models()

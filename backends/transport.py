@@ -9,8 +9,9 @@
   with hundreds of concurrent chains (issue 8, ``docs/benchmarks.md``). JSON goes both ways
   through orjson; server-sent events are split and decoded from the raw bytes as they arrive.
 * Retries (tenacity, jittered exponential backoff, ``Retry-After`` honoured) for connection
-  errors, timeouts, 408, 429 and 5xx only (not 501/505, which retrying cannot change). A 4xx surfaces at once as
-  :class:`~presto_client.errors.EngineRequestError` with the server's own message.
+  errors, timeouts, 408, 429 and 5xx only (not 501/505, which retrying cannot change). A 4xx
+  surfaces at once as :class:`~presto_client.errors.EngineRequestError` with the server's own
+  message, cut short (an HTML page is named as not an OpenAI-compatible server).
 * Cancellation is never swallowed: cancelling a caller aborts its HTTP request (httpx closes
   the connection), and closing a stream iterator closes the HTTP stream.
 * The httpx transport is injectable (``httpx.MockTransport`` in unit tests), and so is the

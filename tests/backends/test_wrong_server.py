@@ -1,0 +1,98 @@
+"""A server that is not the one expected (issue 10, items 6 and 15): a plain HTTP server on the
+URL is named as such, error bodies stay short, a 404 on /health means a wrong URL, and a refused
+connection suggests checking the URL and port before starting a server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from backends import EngineSpec, create_engine
+from backends.transport import Transport
+from presto_client.errors import EngineError, EngineUnavailableError
+
+HTML_501 = (
+    '<!DOCTYPE HTML>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+    "<title>Error response</title>\n</head>\n<body>\n<h1>Error response</h1>\n"
+    "<p>Error code: 501</p>\n<p>Message: Unsupported method ('POST').</p>\n"
+    "<p>Error code explanation: 501 - Server does not support this operation.</p>\n"
+    + "<p>padding</p>\n" * 200
+    + "</body>\n</html>\n"
+)
+HTML_404 = HTML_501.replace("501", "404").replace("Unsupported method ('POST')", "File not found")
+
+
+def http_server(request: httpx.Request) -> httpx.Response:
+    """What ``python -m http.server`` answers: 404 pages for GET, 501 pages for POST."""
+    if request.method == "POST":
+        return httpx.Response(501, text=HTML_501, headers={"Content-Type": "text/html"})
+    return httpx.Response(404, text=HTML_404, headers={"Content-Type": "text/html"})
+
+
+def engine(handler: object, calls: list[float] | None = None) -> object:
+    async def sleep(seconds: float) -> None:
+        if calls is not None:
+            calls.append(seconds)
+
+    spec = EngineSpec("vllm", ("http://box:8000",), model="m")
+    return create_engine(spec, transport=httpx.MockTransport(handler), sleep=sleep)  # type: ignore[arg-type]
+
+
+async def test_a_plain_http_server_fails_the_probe_as_a_wrong_url() -> None:
+    e = engine(http_server)
+    with pytest.raises(EngineError) as info:
+        await e.probe()  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "404" in text and "wrong URL" in text and "still loading" not in text
+    assert "OpenAI-compatible" in text
+    await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_without_the_probe_a_501_is_not_retried_and_the_page_is_not_dumped() -> None:
+    sleeps: list[float] = []
+    t = Transport(
+        "http://box:8000",
+        engine_name="vllm@box:8000",
+        transport=httpx.MockTransport(http_server),
+        sleep=lambda s: sleeps.append(s) or _none(),  # type: ignore[arg-type,func-returns-value]
+    )
+    with pytest.raises(EngineError) as info:
+        await t.request_json("POST", "/v1/completions", {}, label="proposal")
+    await t.aclose()
+    text = str(info.value)
+    assert sleeps == []  # 501 Not Implemented is final
+    assert "not an OpenAI-compatible server" in text
+    assert "Unsupported method" in text and "<html" not in text.lower()
+    assert len(text) < 400
+
+
+async def _none() -> None:
+    return None
+
+
+async def test_a_refused_connection_suggests_checking_the_url() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    e = engine(refuse)
+    with pytest.raises(EngineUnavailableError) as info:
+        await e.probe()  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "connection refused" in text.lower()
+    assert "check" in text and "port" in text
+    assert text.index("port") < text.index("start it")  # check the URL before starting one
+    await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_models_endpoint_missing_is_not_an_openai_server() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, text="ok")
+        return httpx.Response(404, text=HTML_404, headers={"Content-Type": "text/html"})
+
+    e = engine(handler)
+    with pytest.raises(EngineError) as info:
+        await e.probe()  # type: ignore[attr-defined]
+    assert "not an OpenAI-compatible server" in str(info.value)
+    assert len(str(info.value)) < 500
+    await e.aclose()  # type: ignore[attr-defined]
