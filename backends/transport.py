@@ -272,7 +272,9 @@ class Transport:
 
     def _unavailable(self, exc: BaseException, attempts: int) -> EngineUnavailableError:
         hint = f"; if no server runs there, {self.start_hint}" if self.start_hint else ""
-        if is_refused(exc):  # most often a typo in the URL or port, not a server to start
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | httpx.PoolTimeout):
+            hint = ""  # the server took the connection: there is nothing to start
+        elif is_refused(exc):  # most often a typo in the URL or port, not a server to start
             hint = f"; check the host and port of base_url ({self.base_url}){hint}"
         what = describe_transport_error(exc, **self._timeouts)
         return EngineUnavailableError(
@@ -319,13 +321,18 @@ class Transport:
         def before_sleep(state: RetryCallState) -> None:
             self.retries += 1
             exc = state.outcome.exception() if state.outcome is not None else None
+            reason = (
+                describe_transport_error(exc, **self._timeouts)
+                if isinstance(exc, httpx.TransportError)
+                else str(exc)
+            )
             logger.warning(
-                "[%s] retrying %s (attempt %d of %d): %s",
+                "[%s] retrying %s (attempt %d of %d) after %s",
                 self.engine_name,
                 self.base_url,
                 state.attempt_number + 1,
                 self.max_retries + 1,
-                exc,
+                reason,
             )
 
         return AsyncRetrying(
