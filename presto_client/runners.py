@@ -12,6 +12,7 @@ from :mod:`presto_client.kernels`, so ``sequential`` and ``crn`` replay the same
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from presto_client.rng import ChainRandomness, TransitionDraws
 from presto_client.sampler_config import TRAVERSALS, SamplerConfig
 from presto_client.state import ChainState
 from presto_client.stats import ChainStats, RoundKind, RoundRecord, TransitionRecord
-from presto_client.tree import TRAVERSAL_RULES, PlanContext
+from presto_client.tree import TRAVERSAL_RULES, PlanContext, PlannedProposal, RoundPlan
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +291,7 @@ class PrestoRunner(_Runner):
         self.rule = TRAVERSAL_RULES[traversal]
         self.n_pf = n_pf
         self.predictor = predictor
+        self._cancelled: list[asyncio.Future[list[ScoredTokens]]] = []
 
     async def _advance(self, root: ChainState, block: int, k: int) -> tuple[ChainState, int]:
         ctx = PlanContext(
@@ -303,36 +305,47 @@ class PrestoRunner(_Runner):
         )
         plan = self.rule(ctx, self.n_pf)
         requests = plan.requests()
-        results, wall = await self._generate(requests)
-        plan.attach(results)
-        tokens = sum(len(r) for r in results)
         self.stats.rounds += 1
-        self.stats.call_wall_s.append(wall)
         self.stats.requests_issued += len(plan.proposals)
         self.stats.sequences_issued += len(requests)
-        self.stats.tokens_generated += tokens
+        # Every proposal of the round goes out at once (one engine call each, concurrently), and
+        # the walk takes each as it arrives: the round no longer waits for suffixes it cannot
+        # use, and requests of subtrees the walk has left are cancelled (the server aborts them).
+        start = time.perf_counter()
+        tighten_before = self.stats.tighten_wall_s
+        pending = {id(p): asyncio.ensure_future(self._generate_proposal(p)) for p in plan.proposals}
+        tokens = 0
 
         # The walk: every decision against the state realised at that node.
         state, held = root, root.length
         path: tuple[bool, ...] = ()
         done = accepts = 0
-        while k + done < self.config.steps_per_block:
-            planned = plan.lookup(path)
-            if planned is None or planned.cut > held:
-                break  # no usable proposal here: this node roots the next round
-            if self.kernel.state_dependent_cut and (
-                self.kernel.cut(state, planned.draws.u_cut) != planned.cut
-            ):
-                break  # the cut was speculated under the root's law and this state disagrees
-            verdict = await self._decide(
-                state, planned.cut, planned.results, planned.draws, block, k + done
-            )
-            done += 1
-            if verdict.accepted:
-                accepts += 1
-                state = self.kernel.accept(state, planned.cut, planned.results, verdict)
-                held = planned.cut
-            path = (*path, verdict.accepted)
+        try:
+            while k + done < self.config.steps_per_block:
+                planned = plan.lookup(path)
+                if planned is None or planned.cut > held:
+                    break  # no usable proposal here: this node roots the next round
+                if self.kernel.state_dependent_cut and (
+                    self.kernel.cut(state, planned.draws.u_cut) != planned.cut
+                ):
+                    break  # the cut was speculated under the root's law; this state disagrees
+                planned.results = await pending.pop(id(planned))
+                tokens += sum(len(r) for r in planned.results)
+                verdict = await self._decide(
+                    state, planned.cut, planned.results, planned.draws, block, k + done
+                )
+                done += 1
+                if verdict.accepted:
+                    accepts += 1
+                    state = self.kernel.accept(state, planned.cut, planned.results, verdict)
+                    held = planned.cut
+                path = (*path, verdict.accepted)
+                self._cancel_unreachable(plan, pending, path, held)
+        finally:
+            tokens += await self._close_round(pending)
+        wall = time.perf_counter() - start - (self.stats.tighten_wall_s - tighten_before)
+        self.stats.call_wall_s.append(wall)
+        self.stats.tokens_generated += tokens
         self.stats.requests_used += done
         self._emit(
             block=block,
@@ -346,6 +359,49 @@ class PrestoRunner(_Runner):
             tokens=tokens,
         )
         return state, done
+
+    async def _generate_proposal(self, planned: PlannedProposal) -> list[ScoredTokens]:
+        results, _ = await self._generate(planned.requests)
+        return results
+
+    def _cancel_unreachable(
+        self,
+        plan: RoundPlan,
+        pending: dict[int, asyncio.Future[list[ScoredTokens]]],
+        path: tuple[bool, ...],
+        held: int,
+    ) -> None:
+        """Cancel the requests the walk can no longer reach from the node at ``path``."""
+        depth = len(path)
+        for p in plan.proposals:
+            future = pending.get(id(p))
+            if future is None:
+                continue
+            if p.path is None:  # crn: one proposal per depth, usable while its cut is held
+                reachable = p.depth >= depth and p.cut <= held
+            else:
+                reachable = len(p.path) >= depth and p.path[:depth] == path
+            if not reachable and not future.done():  # a finished one is counted at the end
+                del pending[id(p)]
+                future.cancel()
+                self._cancelled.append(future)
+                self.stats.requests_cancelled += 1
+
+    async def _close_round(self, pending: dict[int, asyncio.Future[list[ScoredTokens]]]) -> int:
+        """Cancel what the walk did not use; tokens of the unused proposals that did arrive."""
+        tokens = 0
+        for future in pending.values():
+            if future.done():
+                if not future.cancelled() and future.exception() is None:
+                    tokens += sum(len(r) for r in future.result())
+            else:
+                future.cancel()
+                self.stats.requests_cancelled += 1
+        closing = [*pending.values(), *self._cancelled]
+        self._cancelled.clear()
+        if closing:  # let cancelled requests finish closing (their connections released)
+            await asyncio.gather(*closing, return_exceptions=True)
+        return tokens
 
 
 async def run_chain(

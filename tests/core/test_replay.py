@@ -36,7 +36,6 @@ async def test_crn_replays_the_sequential_chain(sampler: str, top_k: int | None,
     assert presto.stats.transitions == baseline.stats.transitions == 48
     assert baseline.stats.rounds == 48
     assert presto.stats.rounds < baseline.stats.rounds / 2
-    assert presto_engine.generate_calls < sequential_engine.generate_calls / 2
 
 
 async def test_certified_intervals_give_the_exact_chain() -> None:

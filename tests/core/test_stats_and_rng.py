@@ -26,7 +26,11 @@ async def test_statistics_agree_with_round_records(traversal: str, sampler: str)
     tightens = [r for r in records if r.kind == "tighten"]
     assert [r.round for r in records] == list(range(len(records)))
     assert len(extends) == stats.extend_calls == 2
-    assert len(proposes) == stats.rounds == engine.generate_calls - 2
+    assert len(proposes) == stats.rounds
+    if traversal == "sequential":
+        assert stats.rounds == engine.generate_calls - 2
+    else:  # one engine call per proposal of a round; cancelled ones may never reach the engine
+        assert stats.rounds <= engine.generate_calls - 2 <= stats.requests_issued
     assert len(tightens) == stats.tighten_calls == stats.ambiguous == engine.score_calls
     assert stats.transitions == sum(r.transitions for r in proposes) == 24
     assert (

@@ -333,3 +333,48 @@ async def test_a_spent_budget_makes_the_stream_chain_sequential() -> None:
     assert result.full_token_ids == baseline.full_token_ids
     assert result.stats.requests_issued == 12  # no speculation: one request per transition
     assert result.stats.requests_cancelled == 0
+
+
+# ---- the round-based rules walk as results arrive
+
+
+class SlowEngine(ReferenceEngine):
+    """The reference engine whose answers take a random time, longer for longer suffixes."""
+
+    def __init__(self, model: ReferenceModel, *, seed: int, top_k: int | None = None) -> None:
+        super().__init__(model, top_k=top_k)
+        self.rng = random.Random(seed)
+        self.cancelled = 0
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        try:
+            longest = max((r.num_tokens for r in requests), default=0)
+            await asyncio.sleep(1e-4 * longest * (0.5 + self.rng.random()))
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return await super().generate(requests)
+
+
+@pytest.mark.parametrize("traversal", ["bfs", "predictive", "crn"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+async def test_rounds_walk_results_as_they_arrive_and_cancel_what_they_left(
+    sampler: str, traversal: str
+) -> None:
+    model = ReferenceModel(10, seed=4)
+    config = SamplerConfig(sampler=sampler, block_size=10, num_blocks=1, steps_per_block=16)
+    cancelled = 0
+    for seed in range(3):
+        baseline = await run_chain(
+            ReferenceEngine(model), [2], config, traversal="sequential", seed=seed
+        )
+        engine = SlowEngine(model, seed=seed)
+        result = await run_chain(engine, [2], config, traversal=traversal, n_pf=8, seed=seed)
+        assert result.stats.transitions == 16 and result.stats.requests_used == 16
+        if traversal == "crn":  # crn uses the transitions' own draws: the same chain
+            assert result.full_token_ids == baseline.full_token_ids
+            assert _walk(result) == _walk(baseline)
+        assert engine.cancelled <= result.stats.requests_cancelled
+        cancelled += result.stats.requests_cancelled
+    if traversal != "crn":  # (crn's few unusable depths often finish before the walk leaves)
+        assert cancelled > 0  # subtrees the walk left were cancelled, not waited for
