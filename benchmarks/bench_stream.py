@@ -170,7 +170,7 @@ def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
         mine = [b for b in blocks if b.arm == arm.name]
         if not mine:
             continue
-        call_sp, wall_sp, tok_rel, replays = [], [], [], 0
+        call_sp, wall_sp, tok_rel, srv_rel, replays = [], [], [], [], 0
         for b in mine:
             ref = base.get(b.prompt)
             if ref is None:
@@ -179,6 +179,9 @@ def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
             ref_wall = sum(c["wall_s"] for c in ref.chains)
             wall_sp.append(ref_wall / max(sum(c["wall_s"] for c in b.chains), 1e-9))
             tok_rel.append(b.total("tokens_generated") / max(ref.total("tokens_generated"), 1))
+            srv_rel.append(
+                b.server.get("tokens_generated", 0) / max(ref.server.get("tokens_generated", 0), 1)
+            )
             replays += sum(
                 c["tokens"] == r["tokens"] for c, r in zip(b.chains, ref.chains, strict=True)
             )
@@ -198,6 +201,7 @@ def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
                 "speedup_wall": _med_range(wall_sp),
                 "transitions_per_call": transitions / calls if calls else 0.0,
                 "tokens_vs_sequential": _med_range(tok_rel),
+                "server_tokens_vs_sequential": _med_range(srv_rel),
                 "requests_cancelled": sum(b.total("requests_cancelled") for b in mine),
                 "early_rejects": sum(b.total("early_rejects") for b in mine),
                 "tokens_saved_early": sum(b.total("tokens_saved_early") for b in mine),
@@ -227,19 +231,20 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
         header,
         "",
         "| arm | speedup (model-call time) | speedup (wall) | trans/call | tokens vs seq "
-        "| cancelled | early rej. | tokens saved | replays seq | trans/s | mean chain s "
-        "| server peak/mean running | starved |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "(client/server) | cancelled | early rej. | tokens saved | replays seq | trans/s "
+        "| mean chain s | server peak/mean running | starved | clock dropped s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['arm']} | {_fmt_range(r['speedup_calls'])} | {_fmt_range(r['speedup_wall'])} "
-            f"| {r['transitions_per_call']:.2f} | {r['tokens_vs_sequential']['median']:.2f}x "
+            f"| {r['transitions_per_call']:.2f} | {r['tokens_vs_sequential']['median']:.2f}x / "
+            f"{r['server_tokens_vs_sequential']['median']:.2f}x "
             f"| {r['requests_cancelled']:.0f} | {r['early_rejects']:.0f} "
             f"| {r['tokens_saved_early']:.0f} | {r['replays_sequential']} "
             f"| {r['throughput_tps']:.2f} | {r['mean_chain_latency_s']:.2f} "
             f"| {r['server_peak_running']}/{r['server_mean_running']:.1f} "
-            f"| {r['server_starved_share']:.1%} |"
+            f"| {r['server_starved_share']:.1%} | {r['server_dropped_s']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
