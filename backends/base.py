@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from presto_client.errors import ConfigError
 from presto_client.urls import host_port, split_userinfo
 
+DEFAULT_RESTART_WINDOW_S = 60.0
+"""How long (summed backoff) a request keeps retrying the symptoms of a server restart:
+connection refused/reset and HTTP 502/503/504. A self-hosted vLLM or SGLang server takes some
+30-60 s to come back (process start, weights, warm-up), which the openai SDK's defaults (2
+retries, 0.5-8 s backoff: a few seconds, sized for a hosted API's blips) do not ride out; vLLM's
+own benchmark client does not retry requests at all but waits for the server to be ready before
+it starts. Other failures (timeouts, 408/429/500) keep ``max_retries``; a 4xx is never retried."""
+
 VLLM_LOGPROB_MODES: tuple[str, ...] = ("raw", "processed")
 SGLANG_LOGPROB_MODES: tuple[str, ...] = ("scaled", "raw")
 OPENAI_LOGPROB_MODES: tuple[str, ...] = ("raw",)
@@ -36,6 +44,9 @@ class EngineSpec:
     request_timeout_s: float = 300.0
     connect_timeout_s: float = 10.0
     max_retries: int = 3
+    """Retries of timeouts, 408, 429 and 500 (a restart's symptoms: ``restart_window_s``)."""
+    restart_window_s: float = DEFAULT_RESTART_WINDOW_S
+    """Seconds of backoff over which refused connections and 502/503/504 are retried."""
     api_key: str | None = None
     """Sent as ``Authorization: Bearer``. A URL's ``user:password@`` is sent as HTTP Basic auth
     instead; both at once are refused (they would share the one Authorization header)."""

@@ -125,6 +125,7 @@ class HttpEngine:
             request_timeout_s=spec.request_timeout_s,
             connect_timeout_s=spec.connect_timeout_s,
             max_retries=spec.max_retries,
+            restart_window_s=spec.restart_window_s,
             api_key=spec.api_key,
             transport=transport,
             sleep=sleep,

@@ -9,7 +9,10 @@
   with hundreds of concurrent chains (issue 8, ``docs/benchmarks.md``). JSON goes both ways
   through orjson; server-sent events are split and decoded from the raw bytes as they arrive.
 * Retries (tenacity, jittered exponential backoff, ``Retry-After`` honoured) for connection
-  errors, timeouts, 408, 429 and 5xx only (not 501/505, which retrying cannot change). A 4xx
+  errors, timeouts, 408, 429 and 5xx only (not 501/505, which retrying cannot change). What a
+  restarting server answers (refused/reset connections, 502/503/504) is retried for
+  ``restart_window_s`` of backoff (60 s: a restart takes 30-60 s), the rest ``max_retries``
+  times. A 4xx
   surfaces at once as :class:`~presto_client.errors.EngineRequestError` with the server's own
   message, cut short (an HTML page is named as not an OpenAI-compatible server).
 * Cancellation is never swallowed: cancelling a caller aborts its HTTP request (httpx closes
@@ -37,10 +40,10 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception,
-    stop_after_attempt,
     wait_random_exponential,
 )
 
+from backends.base import DEFAULT_RESTART_WINDOW_S
 from backends.http_errors import (
     FINAL_5XX,
     body_message,
@@ -91,6 +94,16 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     if math.isnan(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+RESTART_STATUSES = frozenset({502, 503, 504})
+
+
+def _is_restart_symptom(exc: BaseException | None) -> bool:
+    """What a restarting server answers: refused/reset connections, a gateway error, 503."""
+    if isinstance(exc, RetryableHTTPError):
+        return exc.status in RESTART_STATUSES
+    return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -227,6 +240,7 @@ class Transport:
         request_timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
         max_retries: int = 3,
+        restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
         api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Sleep | None = None,
@@ -243,6 +257,7 @@ class Transport:
         """The URL as shown in messages (credentials redacted)."""
         self.engine_name = engine_name
         self.max_retries = max(0, int(max_retries))
+        self.restart_window_s = max(0.0, float(restart_window_s))
         self.start_hint = start_hint
         self._timeouts = {
             "request_timeout_s": request_timeout_s,
@@ -326,17 +341,28 @@ class Transport:
                 if isinstance(exc, httpx.TransportError)
                 else str(exc)
             )
+            budget = (
+                f"for up to {self.restart_window_s:g} s (restart_window_s)"
+                if _is_restart_symptom(exc)
+                else f"of {self.max_retries + 1}"
+            )
             logger.warning(
-                "[%s] retrying %s (attempt %d of %d) after %s",
+                "[%s] retrying %s (attempt %d %s) after %s",
                 self.engine_name,
                 self.base_url,
                 state.attempt_number + 1,
-                self.max_retries + 1,
+                budget,
                 reason,
             )
 
+        def stop(state: RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if _is_restart_symptom(exc):  # a server restarting: ride it out for a while
+                return state.idle_for >= self.restart_window_s
+            return bool(state.attempt_number >= self.max_retries + 1)
+
         return AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
+            stop=stop,
             wait=_Wait(),
             retry=retry_if_exception(_is_retryable),
             sleep=self._sleep,

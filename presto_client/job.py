@@ -379,6 +379,7 @@ async def open_engines(
                 request_timeout_s=e.request_timeout_s,
                 connect_timeout_s=e.connect_timeout_s,
                 max_retries=e.max_retries,
+                restart_window_s=e.restart_window_s,
                 api_key=_api_key(e, index),
                 name=name,
                 vocab_size=e.vocab_size,

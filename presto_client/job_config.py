@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from backends.base import DEFAULT_RESTART_WINDOW_S
 from presto_client.errors import ConfigError
 from presto_client.sampler_config import (
     MAX_ALPHA,
@@ -101,7 +102,13 @@ class HttpEngineConfig(_EngineCommon):
     request_timeout_s: float = Field(300.0, gt=0, description="Timeout of one request, seconds.")
     connect_timeout_s: float = Field(10.0, gt=0, description="Connect timeout, seconds.")
     max_retries: int = Field(
-        3, ge=0, description="Retries of a request on connection errors, 408/429/5xx."
+        3, ge=0, description="Retries of a request on timeouts and HTTP 408/429/500."
+    )
+    restart_window_s: float = Field(
+        DEFAULT_RESTART_WINDOW_S,
+        ge=0,
+        description="Seconds (of backoff) over which a request retries what a restarting server "
+        "answers: refused or reset connections and HTTP 502/503/504. A 4xx is never retried.",
     )
     api_key_env: str | None = Field(
         None,
