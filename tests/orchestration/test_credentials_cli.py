@@ -19,6 +19,7 @@ def _engine(**kw: object) -> dict[str, object]:
         "name": "v",
         "base_url": SECRET_URL,
         "max_retries": 0,
+        "restart_window_s": 0,
         "connect_timeout_s": 1,
         "probe": False,
         **kw,
