@@ -27,6 +27,7 @@ import io
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -96,6 +97,10 @@ def check_output_dir(path: Path) -> None:
             f"cannot write the output directory {path}: {exc.strerror or exc}; choose another "
             "--output (or output_dir), or fix its permissions"
         ) from None
+
+
+_TMP_NAME = re.compile(r"\..+\.\d+\.tmp")
+"""The temporaries of :func:`atomic_write_text`: ``.<file name>.<pid>.tmp``."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -264,6 +269,7 @@ class RunDir:
         resolved_config: Mapping[str, Any],
         chains: Sequence[Mapping[str, Any]],
     ) -> dict[str, dict[str, Any]]:
+        self._remove_stale_temporaries()
         info: dict[str, Any] = {}
         merged_engines: dict[str, Any] = dict(dict(fingerprint).get("engines", {}))
         if self.exists():
@@ -298,6 +304,17 @@ class RunDir:
         self._records = (self.path / RECORDS_FILE).open("a", encoding="utf-8")
         self._samples = (self.path / SAMPLES_FILE).open("a", encoding="utf-8")
         return self.finished
+
+    def _remove_stale_temporaries(self) -> None:
+        """Delete what an atomic write killed midway left (``.<file>.<pid>.tmp``): with the
+        lock held, no other session is writing here."""
+        for tmp in self.path.glob(".*.tmp"):
+            if _TMP_NAME.fullmatch(tmp.name) and tmp.is_file():
+                try:
+                    tmp.unlink()
+                    logger.info("removed %s (left by an interrupted write)", tmp)
+                except OSError as exc:
+                    logger.warning("could not remove %s: %s", tmp, exc)
 
     def _unlock(self) -> None:
         if self._lock_fh is not None:
