@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -148,6 +148,66 @@ def _decode_json(response: httpx.Response, label: str) -> Any:
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
+class _AiohttpStream(httpx.AsyncByteStream):
+    """A response body as aiohttp receives it: every chunk as it arrived, no re-chunking (the
+    stock stream's fixed-size chunks cost a copy and a split per chunk)."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _httpx_error(exc) from exc
+
+    async def aclose(self) -> None:
+        # An unfinished body closes the connection (which aborts the request on the server);
+        # a finished one goes back to the pool.
+        self._response.release()
+        await self._response.wait_for_close()
+
+
+def _httpx_error(exc: BaseException) -> httpx.TransportError:
+    """The httpx exception an aiohttp failure stands for (what httpx's own pool would raise:
+    retries, restart detection and messages are written against those)."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return httpx.RemoteProtocolError(message)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(message)
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(message)
+    if isinstance(exc, aiohttp.SocketTimeoutError | TimeoutError):
+        return httpx.ReadTimeout(message)
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientOSError):
+        return httpx.ReadError(message)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(message)
+    return httpx.NetworkError(message)
+
+
+class _PoolTransport(AiohttpTransport):
+    """httpx-aiohttp's transport with exact error mapping and pass-through body chunks."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            response = await super().handle_async_request(request)
+        except httpx.TransportError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, aiohttp.ClientError | TimeoutError):
+                raise _httpx_error(cause) from cause
+            raise
+        except (aiohttp.ClientError, TimeoutError) as exc:  # what httpx-aiohttp leaves unmapped
+            raise _httpx_error(exc) from exc
+        stream = response.stream
+        inner = getattr(stream, "_aiohttp_response", None)
+        if isinstance(inner, aiohttp.ClientResponse):
+            response.stream = _AiohttpStream(inner)
+        return response
+
+
 def aiohttp_pool(
     max_connections: int, *, keepalive_s: float = 30.0, connect_timeout_s: float | None = None
 ) -> httpx.AsyncBaseTransport:
@@ -169,7 +229,7 @@ def aiohttp_pool(
         max_keepalive_connections=max_connections,
         keepalive_expiry=keepalive_s,
     )
-    return AiohttpTransport(limits=limits, client=session)
+    return _PoolTransport(limits=limits, client=session)
 
 
 def httpx_pool(max_connections: int, *, keepalive_s: float = 30.0) -> httpx.AsyncBaseTransport:
