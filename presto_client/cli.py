@@ -494,12 +494,13 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     print(f"{args.config}: valid", file=out)
     print(describe_plan(plan, finished=len(done)), file=out)
     if args.probe:
-        from presto_client.job import open_engines, start_embedded_servers
+        from presto_client.job import check_lengths, open_engines, start_embedded_servers
 
         async def probe_all() -> list[str]:
             lines: list[str] = []
             async with contextlib.AsyncExitStack() as astack:
                 engines = await open_engines(cfg, astack, embedded_urls=urls, probe=True)
+                check_lengths(plan, engines)
                 for name, handle in engines.items():
                     if not handle.probes:
                         lines.append(f"  {name}: ok (in-process)")

@@ -622,7 +622,9 @@ async def _run_chains(
                     name, e.kind, list(replicas), e.max_concurrency, e.eos_token_id
                 )
         run.record_engine_identity(await _engine_identities(engines))
+        check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
+        check_lengths(plan, engines, prompt_ids)
         samplers = {n: sampler_for(plan, h.eos_token_id) for n, h in engines.items()}
         specs = [
             ChainSpec(
@@ -675,6 +677,35 @@ async def _run_chains(
                             "hits": after["prefix_cache_hits"] - b["prefix_cache_hits"],
                         }
                     )
+
+
+def check_lengths(
+    plan: JobPlan, engines: Mapping[str, OpenEngine], prompt_ids: Mapping[str, Any] | None = None
+) -> None:
+    """Refuse a response that cannot fit the server's context: the longest prompt (token ids
+    per engine, when known) plus ``block_size × num_blocks`` against ``max_model_len``."""
+    s = plan.config.sampler
+    response = s.block_size * s.num_blocks
+    known = [len(p.token_ids) for p in plan.prompts if p.token_ids is not None]
+    for name, handle in engines.items():
+        limits = [r.max_model_len for r in handle.replicas if getattr(r, "max_model_len", None)]
+        if not limits:
+            continue
+        limit = min(limits)
+        if prompt_ids is not None and prompt_ids.get(name):
+            prompt, what = max(len(p) for p in prompt_ids[name]), "the longest prompt"
+        elif known and len(known) == len(plan.prompts):
+            prompt, what = max(known), "the longest prompt"
+        else:
+            prompt, what = 1, "at least one prompt token"
+        if prompt + response > limit:
+            raise ConfigError(
+                f"engine {name} serves a context of max_model_len = {limit} tokens, but a "
+                f"response of sampler.block_size x num_blocks = {s.block_size} x "
+                f"{s.num_blocks} = {response} tokens after {what} ({prompt}) needs "
+                f"{prompt + response}: lower block_size or num_blocks, shorten the prompts, or "
+                "serve the model with a larger --max-model-len"
+            )
 
 
 async def _engine_identities(engines: Mapping[str, OpenEngine]) -> dict[str, dict[str, Any]]:

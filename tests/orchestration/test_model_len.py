@@ -1,0 +1,45 @@
+"""Response length against the server's max_model_len, checked at the probe (issue 10, item 8):
+``validate --probe`` and ``run`` both refuse a block_size × num_blocks that cannot fit."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+from orch_helpers import job_dict
+
+from presto_client.cli import main
+
+emulation = pytest.importorskip("backends.emulation")
+
+
+def _config(tmp_path: Path, url: str, block_size: int) -> Path:
+    data = job_dict(
+        tmp_path / "run",
+        engines=[{"kind": "vllm", "name": "v", "base_url": url, "max_concurrency": 4}],
+        prompts={"token_ids": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]},
+        chains_per_prompt=1,
+        sampler={"block_size": block_size, "num_blocks": 2, "steps_per_block": 1},
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_too_long_for_the_server_is_caught_at_the_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with emulation.EmulationServer("vllm", vocab_size=32, max_model_len=64) as server:
+        config = _config(tmp_path, server.base_url, block_size=30)
+        assert main(["validate", str(config), "--probe"], out=io.StringIO()) == 2
+        err = capsys.readouterr().err
+        assert "max_model_len" in err and "64" in err and "block_size" in err
+        assert err.count("[v]") <= 1
+        assert main(["run", str(config), "--no-progress"], out=io.StringIO()) == 2
+        err = capsys.readouterr().err
+        assert "max_model_len" in err and "70" in err  # 10 prompt + 2 x 30 response tokens
+        assert not (tmp_path / "run" / "samples.jsonl").read_text().strip()
+        fits = _config(tmp_path, server.base_url, block_size=16)
+        assert main(["validate", str(fits), "--probe"], out=io.StringIO()) == 0
