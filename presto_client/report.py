@@ -397,8 +397,11 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("arm", "arm"),
     ("chains", "chains"),
     ("calls", "calls"),
+    ("s/call", "seconds_per_call"),
     ("trans/call", "transitions_per_call"),
     ("req used/issued", "requests"),
+    ("wasted", "wasted_share"),
+    ("tokens", "tokens_generated"),
     ("accept", "acceptance_rate"),
     ("eps-certain", "eps_certain_share"),
     ("model time s", "model_call_time_s"),
@@ -414,8 +417,11 @@ def _cells(arm: Mapping[str, Any]) -> dict[str, str]:
         "arm": str(arm.get("arm")),
         "chains": f"{arm.get('chains_ok')}" + (f" (+{failed} failed)" if failed else ""),
         "calls": _fmt(arm.get("calls")),
+        "seconds_per_call": _fmt(arm.get("seconds_per_call"), "s"),
         "transitions_per_call": _fmt(arm.get("transitions_per_call")),
         "requests": f"{arm.get('requests_used')}/{arm.get('requests_issued')}",
+        "wasted_share": _fmt(arm.get("wasted_share"), "pct"),
+        "tokens_generated": _fmt(arm.get("tokens_generated")),
         "acceptance_rate": _fmt(arm.get("acceptance_rate"), "pct"),
         "eps_certain_share": _fmt(arm.get("eps_certain_share"), "pct"),
         "model_call_time_s": _fmt(arm.get("model_call_time_s"), "s"),
@@ -485,7 +491,8 @@ def _decimals(*values: float | None) -> int:
 
 
 def equivalence_cell(test: Mapping[str, Any] | None) -> str:
-    """``yes d=+0.003 [-0.010, 0.016] +/-0.050`` / ``no ...`` / ``n/a (reason)`` / ``-``.
+    """``yes d=+0.003 [-0.010, 0.016] +/-0.050`` / ``no ...`` / ``too few prompts to tell (...)``
+    (not shown equivalent, but the interval holds 0: unpowered) / ``n/a (reason)`` / ``-``.
 
     ``d``: mean paired difference (arm - baseline), then its 90% interval and the margin. ASCII
     only, like the rest of the printed tables (a terminal's encoding may not have Δ or ±).
@@ -497,6 +504,12 @@ def equivalence_cell(test: Mapping[str, Any] | None) -> str:
         return f"n/a ({test.get('reason') or 'no pairs'})"
     margin = float(test["margin"])
     d = _decimals(margin)
+    if verdict == "not equivalent" and test["ci_low"] <= 0.0 <= test["ci_high"]:
+        # Equivalence not shown, but no difference shown either: the interval is too wide.
+        return (
+            f"too few prompts to tell (n={test.get('n')}: d={test['mean_diff']:+.{d}f} "
+            f"[{test['ci_low']:.{d}f}, {test['ci_high']:.{d}f}] +/-{margin:.{d}f})"
+        )
     word = "yes" if verdict == "equivalent" else "no"
     return (
         f"{word} d={test['mean_diff']:+.{d}f} [{test['ci_low']:.{d}f}, {test['ci_high']:.{d}f}] "

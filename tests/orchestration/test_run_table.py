@@ -1,0 +1,52 @@
+"""The run table says why an arm is slow (issue 10, item 14): seconds per call, tokens generated
+and wasted requests, as in ``presto compare``; an unpowered "not equivalent" reads as too few
+prompts to tell."""
+
+from __future__ import annotations
+
+from presto_client.report import equivalence_cell, format_summary_table
+
+
+def _arm(name: str, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "arm": name,
+        "traversal": name.split("/")[1],
+        "chains_ok": 3,
+        "chains_failed": 0,
+        "calls": 13,
+        "transitions_per_call": 1.85,
+        "requests_used": 24,
+        "requests_issued": 69,
+        "wasted_share": 45 / 69,
+        "seconds_per_call": 2.016,
+        "tokens_generated": 1234,
+        "acceptance_rate": 0.62,
+        "eps_certain_share": 0.92,
+        "model_call_time_s": 26.21,
+        "prefix_cache_hit_rate": 0.97,
+    }
+    base.update(kw)
+    return base
+
+
+def test_run_table_has_the_cost_columns() -> None:
+    table = format_summary_table({"arms": [_arm("e/predictive")]})
+    header = table.splitlines()[0]
+    assert "s/call" in header and "tokens" in header and "wasted" in header
+    row = table.splitlines()[2]
+    assert "2.02" in row and "1234" in row and "65%" in row
+
+
+def test_an_unpowered_not_equivalent_says_too_few_prompts() -> None:
+    unpowered = {
+        "n": 3,
+        "verdict": "not equivalent",
+        "mean_diff": 0.01,
+        "ci_low": -0.2,
+        "ci_high": 0.22,
+        "margin": 0.05,
+    }
+    cell = equivalence_cell(unpowered)
+    assert "too few prompts to tell" in cell and "n=3" in cell
+    different = {**unpowered, "mean_diff": 0.5, "ci_low": 0.3, "ci_high": 0.7}
+    assert equivalence_cell(different).startswith("no ")
