@@ -562,6 +562,19 @@ class Adapter:
     ) -> TokenLogprobs | None:
         raise NotImplementedError
 
+    def parse_stream_events(
+        self, request: ProposalRequest, events: Sequence[Any], *, label: str
+    ) -> TokenLogprobs | None:
+        """The tokens of consecutive stream events (those of one network read) as one chunk:
+        a client that falls behind pays the per-chunk costs once per read, not per event."""
+        out: TokenLogprobs | None = None
+        for event in events:
+            chunk = self.parse_stream_event(request, event, label=label)
+            if chunk is None or len(chunk) == 0:
+                continue
+            out = chunk if out is None else out.concat(chunk)
+        return out
+
     def build_score(
         self, prefix: Sequence[int], token_ids: Sequence[int], model: str, top_k: int, *, label: str
     ) -> HttpCall:

@@ -255,10 +255,12 @@ class HttpEngine:
             return
         call = self.adapter.build_generate(request, model, label=label, stream=True)
         received = 0
-        events = self.transport.stream_events(call.path, call.payload, label=label)
+        # Events arrive in batches (those completed by one network read), parsed and scored
+        # as one chunk: when the client falls behind, its costs per chunk are shared.
+        events = self.transport.stream_event_batches(call.path, call.payload, label=label)
         try:
-            async for event in events:
-                chunk = self.adapter.parse_stream_event(request, event, label=label)
+            async for batch in events:
+                chunk = self.adapter.parse_stream_events(request, batch, label=label)
                 if chunk is None or len(chunk) == 0:
                     continue
                 received += len(chunk)

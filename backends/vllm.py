@@ -166,6 +166,35 @@ def _parse_completion_logprobs_per_token(
     return TokenLogprobs(np.asarray(ids, dtype=np.int64), values, top_ids, top_lps)
 
 
+def _merge_stream_choices(events: Sequence[Any]) -> dict[str, Any] | None:
+    """The token chunks of several stream events as one choice (``None``: not plain chunks)."""
+    ids: list[Any] = []
+    values: list[Any] = []
+    top: list[Any] = []
+    for event in events:
+        if not isinstance(event, dict) or event.get("error"):
+            return None
+        choices = event.get("choices")
+        if not choices:
+            continue  # the usage chunk
+        choice = choices[0] if isinstance(choices, list) else None
+        if not isinstance(choice, dict):
+            return None
+        logprobs = choice.get("logprobs")
+        token_ids = choice.get("token_ids")
+        if not token_ids and not (isinstance(logprobs, dict) and logprobs.get("token_logprobs")):
+            continue  # no tokens in this event (the final, empty one)
+        if not isinstance(token_ids, list) or not isinstance(logprobs, dict):
+            return None
+        lps, rows = logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
+        if not isinstance(lps, list) or not isinstance(rows, list):
+            return None
+        ids += token_ids
+        values += lps
+        top += rows
+    return {"token_ids": ids, "logprobs": {"token_logprobs": values, "top_logprobs": top}}
+
+
 class VllmAdapter(Adapter):
     dialect: ClassVar[str] = "vllm"
     modes: ClassVar[tuple[str, ...]] = (RAW, PROCESSED)
@@ -235,6 +264,18 @@ class VllmAdapter(Adapter):
         if not has_tokens:
             return None
         return _parse_completion_logprobs(choice, self.spec.top_k, label=label, expect=None)
+
+    def parse_stream_events(
+        self, request: ProposalRequest, events: Sequence[Any], *, label: str
+    ) -> TokenLogprobs | None:
+        if len(events) > 1:
+            merged = _merge_stream_choices(events)
+            if merged is not None:
+                fast = _fast_completion_logprobs(merged, self.spec.top_k, expect=None)
+                if fast is not None:
+                    return fast
+        # One event, or anything unusual: event by event (errors name the event's own rows).
+        return super().parse_stream_events(request, events, label=label)
 
     # ---- scoring (raw prompt logprobs)
 

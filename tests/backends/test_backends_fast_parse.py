@@ -199,3 +199,39 @@ def test_sglang_fast_triples_and_rows_match_per_token() -> None:
     rows[2][1][0] = None
     with pytest.raises(InvalidResponseError, match=r"missing logprob \(output_top_logprobs\[2\]\)"):
         _top_rows(rows, 5, 4, "p", "output_top_logprobs")
+
+
+def _events(rng: random.Random, sizes: list[int]) -> list[dict[str, Any]]:
+    """Stream events of ``sizes`` tokens each (vLLM sends several with --stream-interval)."""
+    out: list[dict[str, Any]] = []
+    for n in sizes:
+        choice = vllm_choice(rng, n)
+        out.append({"choices": [{"index": 0, "text": "", **choice}]})
+    out.append({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+    out.append({"choices": [], "usage": {"completion_tokens": sum(sizes)}})
+    return out
+
+
+def test_vllm_stream_events_of_one_read_are_one_chunk() -> None:
+    from backends import EngineSpec
+    from backends.vllm import VllmAdapter
+    from presto_client.engine import ProposalRequest, ScoreSpec
+
+    adapter = VllmAdapter(EngineSpec("vllm", ("http://x",), top_k=K))
+    req = ProposalRequest((1, 2), 9, 0.25, 1, ScoreSpec((1.0,)))
+    events = _events(random.Random(11), [1, 3, 1, 4])
+    merged = adapter.parse_stream_events(req, events, label="s")
+    per_event = [adapter.parse_stream_event(req, e, label="s") for e in events]
+    whole = None
+    for chunk in per_event:
+        if chunk is not None and len(chunk):
+            whole = chunk if whole is None else whole.concat(chunk)
+    assert merged is not None and whole is not None and len(merged) == 9
+    same(merged, whole)
+    # A bad value in the third event: the same error as event by event.
+    events[2]["choices"][0]["logprobs"]["token_logprobs"][0] = None
+    with pytest.raises(InvalidResponseError) as merged_error:
+        adapter.parse_stream_events(req, events, label="s")
+    with pytest.raises(InvalidResponseError) as single_error:
+        adapter.parse_stream_event(req, events[2], label="s")
+    assert str(merged_error.value) == str(single_error.value)
