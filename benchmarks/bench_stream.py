@@ -333,6 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--time-scale", type=float, default=0.5)
     parser.add_argument("--stream-interval", type=int, default=1)
+    parser.add_argument(
+        "--model",
+        choices=("reference", "windowed"),
+        default="windowed",
+        help="the server's model: windowed (O(1) per token, default: keeps up with a GPU-speed "
+        "clock here) or reference (hashes the whole context)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--T", type=int, default=1024, help="block size (one block)")
     parser.add_argument("--K", type=int, default=50, help="MH steps")
@@ -375,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if args.max_num_seqs is not None:
         server_args += ["--max-num-seqs", str(args.max_num_seqs)]
+    server_args += ["--model", args.model]
     if args.server_url:
         result = asyncio.run(bench(args, args.server_url))
     else:

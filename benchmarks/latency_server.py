@@ -73,6 +73,7 @@ from typing import Any
 from aiohttp import web
 
 from backends.emulation import BadRequest, EmulationServer
+from benchmarks.fast_model import WindowedReferenceModel
 from presto_client.engine import FloatArray
 
 logger = logging.getLogger(__name__)
@@ -629,6 +630,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-logprobs", type=int, default=20)
+    parser.add_argument(
+        "--model",
+        choices=("reference", "windowed"),
+        default="reference",
+        help="windowed: O(1) rows per token (benchmarks.fast_model), for long timing runs",
+    )
     return parser
 
 
@@ -644,6 +651,8 @@ async def _serve(args: argparse.Namespace) -> None:
         max_model_len=args.max_model_len,
         max_logprobs=args.max_logprobs,
     )
+    if args.model == "windowed":
+        server.emulation.model = WindowedReferenceModel(args.vocab_size, seed=args.model_seed)
     url = await server.start(args.host, args.port)
     p = server.profile
     print(
