@@ -222,53 +222,137 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
     handler._presto = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
+    # What a user waits for (the embedded engine's first start): shown unless -q.
+    progress = logging.getLogger("presto_client.progress")
+    for h in list(progress.handlers):
+        if getattr(h, "_presto", False):
+            progress.removeHandler(h)
+    note = logging.StreamHandler(sys.stderr)
+    note.setFormatter(_RedactingFormatter("presto: %(message)s"))
+    note._presto = True  # type: ignore[attr-defined]
+    progress.addHandler(note)
+    progress.propagate = False
+    progress.setLevel(logging.ERROR if quiet else logging.INFO)
     for noisy in ("httpx", "httpcore", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
 class ProgressBar:
-    """A tqdm bar over a job's chains (a :class:`~presto_client.orchestrator.ChainSink`)."""
+    """Progress of a job in Metropolis–Hastings transitions (a
+    :class:`~presto_client.orchestrator.ChainSink`): on a terminal a tqdm bar with the current
+    arm, the rate and the ETA, kept at the end; elsewhere (a log file, CI) one plain line every
+    ``every_s`` seconds and at the end."""
 
-    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
-        self.enabled = enabled
+    def __init__(
+        self,
+        mode: str | None,
+        stream: TextIO | None = None,
+        *,
+        per_chain: int = 1,
+        every_s: float = 10.0,
+    ) -> None:
+        self.mode = mode  # "bar" | "lines" | None
+        self.enabled = mode == "bar"  # (the tqdm bar needs log lines redirected around it)
         self.stream = stream or sys.stderr
+        self.per_chain = max(1, per_chain)
+        self.every_s = every_s
         self.bar: Any = None
         self.failed = 0
+        self.total = 0
+        self.done = 0
+        self.chains_total = 0
+        self.chains_done = 0
+        self.arm = ""
+        self._by_chain: dict[str, int] = {}
+        self._t0 = time.monotonic()
+        self._start_done = 0
+        self._last_line = 0.0
+        self._active = False
 
     def start(self, total: int, finished: int) -> None:
-        if not self.enabled or finished >= total:
+        if self.mode is None or finished >= total:
             return
-        from tqdm import tqdm
+        self.chains_total, self.chains_done = total, finished
+        self.total, self.done = total * self.per_chain, finished * self.per_chain
+        self._t0 = self._last_line = time.monotonic()
+        self._start_done = self.done
+        self._active = True
+        if self.mode == "bar":
+            from tqdm import tqdm
 
-        self.bar = tqdm(
-            total=total,
-            initial=finished,
-            unit="chain",
-            desc="chains",
-            file=self.stream,
-            dynamic_ncols=True,
-            leave=False,
-        )
+            self.bar = tqdm(
+                total=self.total,
+                initial=self.done,
+                unit="transition",
+                desc="transitions",
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=True,
+                smoothing=0.1,
+            )
+        else:
+            self._line("started")
 
     def chain_started(self, spec: ChainSpec, replica: int) -> None:
         return None
 
     def round_done(self, spec: ChainSpec, record: RoundRecord, queue_s: float) -> None:
-        if self.bar is not None and record.kind == "propose":
-            self.bar.set_postfix_str(spec.arm, refresh=False)
+        if not self._active:
+            return
+        n = int(record.transitions)
+        self.done += n
+        self._by_chain[spec.chain_id] = self._by_chain.get(spec.chain_id, 0) + n
+        self.arm = spec.arm
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+            self.bar.update(n)
+        elif time.monotonic() - self._last_line >= self.every_s:
+            self._line()
 
     def chain_done(self, outcome: ChainOutcome) -> None:
-        if self.bar is None:
+        if not self._active:
             return
+        self.chains_done += 1
+        # A chain that stopped early (failed) will not bring its remaining transitions.
+        missing = self.per_chain - self._by_chain.pop(outcome.spec.chain_id, 0)
+        if missing > 0:
+            self.total -= missing
         if not outcome.ok:
             self.failed += 1
-            self.bar.set_postfix_str(f"{self.failed} failed", refresh=False)
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+            self.bar.refresh()
+        elif not outcome.ok or time.monotonic() - self._last_line >= self.every_s:
+            self._line()
+
+    def _postfix(self) -> str:
+        failed = f", {self.failed} failed" if self.failed else ""
+        return f"{self.arm}, chains {self.chains_done}/{self.chains_total}{failed}"
+
+    def _line(self, what: str = "") -> None:
+        self._last_line = now = time.monotonic()
+        rate = (self.done - self._start_done) / max(now - self._t0, 1e-9)
+        left = max(self.total - self.done, 0)
+        eta = _duration(left / rate) if rate > 0 and what != "started" else "-"
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        arm = f", arm {self.arm}" if self.arm else ""
+        failed = f" ({self.failed} failed)" if self.failed else ""
+        print(
+            f"progress: {self.done}/{self.total} transitions ({pct:.0f}%), chains "
+            f"{self.chains_done}/{self.chains_total}{failed}{arm}, {rate:.1f} transitions/s, "
+            f"ETA {eta}" + (f" [{what}]" if what else ""),
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        elif self._active:
+            self._line("done")
+        self._active = False
 
     @contextlib.contextmanager
     def logging_redirected(self) -> Iterator[None]:
@@ -305,8 +389,20 @@ def _sigterm_as_interrupt(received: dict[str, int]) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _progress_enabled(args: argparse.Namespace) -> bool:
-    return not args.no_progress and sys.stderr.isatty() and not getattr(args, "quiet", False)
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _progress_mode(args: argparse.Namespace) -> str | None:
+    """``"bar"`` on a terminal, ``"lines"`` elsewhere, ``None`` with --no-progress or -q."""
+    if args.no_progress or getattr(args, "quiet", False):
+        return None
+    return "bar" if sys.stderr.isatty() else "lines"
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -336,7 +432,10 @@ def _load(args: argparse.Namespace) -> Any:
 def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
     from presto_client.job import run_job
 
-    progress = ProgressBar(_progress_enabled(args))
+    sampler = plan.config.sampler
+    progress = ProgressBar(
+        _progress_mode(args), per_chain=sampler.num_blocks * sampler.steps_per_block
+    )
     state: dict[str, int] = {}
     received: dict[str, int] = {}
 

