@@ -218,7 +218,7 @@ def describe_plan(plan: JobPlan, finished: int = 0) -> str:
     lines.append(
         f"  sampler {s.sampler}: alpha={s.alpha} tau={tau:g}"
         f" block_size={s.block_size} num_blocks={s.num_blocks} K={s.steps_per_block}"
-        f" n_pf={s.n_pf} epsilon={s.epsilon}"
+        f" n_pf={s.n_pf} window={s.window} epsilon={s.epsilon}"
     )
     lines.append(f"  arms: {', '.join(a.arm for a in plan.arms)}")
     lines.append(
@@ -637,7 +637,7 @@ async def _run_chains(
                 chain_index=c.chain_index,
                 seed=c.seed,
                 prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
-                n_pf=cfg.sampler.n_pf,
+                n_pf=cfg.sampler.window if c.arm.traversal == "stream" else cfg.sampler.n_pf,
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
             )
             for c in todo

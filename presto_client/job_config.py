@@ -302,9 +302,13 @@ class SamplerSettings(_Strict):
     n_pf: int = Field(
         8,
         ge=1,
-        description="N_pf: proposal requests prefetched per round (bfs, predictive, crn); for "
-        "'stream' the window: the most proposals a chain keeps in flight (the engine's measured "
-        "cost and shared budget may allow fewer).",
+        description="N_pf: proposal requests prefetched per round (bfs, predictive, crn).",
+    )
+    window: int = Field(
+        16,
+        ge=1,
+        description="W of the 'stream' traversal: the most proposals a chain keeps in flight. A "
+        "cap: the engine's measured cost and the budget its chains share may allow fewer.",
     )
     epsilon: float = Field(
         0.01, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
