@@ -7,6 +7,7 @@ Endpoints (shapes match vLLM 0.32, see ``tests/fixtures/vllm_cpu/``): ``GET /hea
 ``POST /v1/completions``: prompts as token ids or text (a list of prompts gives one choice each,
 sharing the seed, as in vLLM), optional SSE streaming (one prompt), and closing the connection
 aborts the request. Logprobs are raw (temperature 1), as vLLM's default ``raw_logprobs`` mode;
+``prompt_logprobs: -1`` (the whole vocabulary: exact scoring) is always served;
 ``return_tokens_as_token_ids`` keys, ``text_offset`` over the token strings, the sampled token
 first in each ``top_logprobs`` dict, ``-9999.0`` for −inf. Options that would change the
 sampled distribution (``top_p`` < 1, ``top_k`` > 0, ``min_p``, penalties, ``logit_bias``,
@@ -597,7 +598,11 @@ class EmbeddedApp:
         limit = self.config.max_logprobs
         if value < 0 and value != -1:
             raise ApiError(f"`{name}` must be a positive value or -1.", param=name, value=value)
-        if value == -1 or value > limit:
+        if value == -1 and (kind == "prompt" or limit == -1):
+            # The whole vocabulary. For prompt logprobs (exact scoring) always: the forward pass
+            # computes every logprob anyway, so unlike vLLM no --max-logprobs -1 is needed.
+            return self.loaded.vocab_size
+        if value == -1 or (limit != -1 and value > limit):
             shown = self.loaded.vocab_size if value == -1 else value
             raise ApiError(
                 f"Requested {kind} logprobs of {shown}, which is greater than max allowed: {limit}",
