@@ -73,8 +73,16 @@ class FifoSemaphore:
     def waiting(self) -> int:
         return sum(1 for w in self._waiters if not w.done())
 
+    def _has_waiters(self) -> bool:
+        """Whether a live waiter is queued; O(1) amortised (``waiting`` counts them, O(n)):
+        finished futures at the head are dropped as they are met."""
+        waiters = self._waiters
+        while waiters and waiters[0].done():
+            waiters.popleft()
+        return bool(waiters)
+
     async def acquire(self) -> None:
-        if self._free > 0 and not self.waiting:
+        if self._free > 0 and not self._has_waiters():
             self._free -= 1
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
