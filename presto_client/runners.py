@@ -30,6 +30,7 @@ from presto_client.kernels import Kernel, Verdict, make_kernel
 from presto_client.predictor import CertaintyPredictor
 from presto_client.rng import ChainRandomness, TransitionDraws
 from presto_client.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.speculation import SpeculationBudget, budget_for
 from presto_client.state import ChainState
 from presto_client.stats import ChainStats, RoundKind, RoundRecord, TransitionRecord
 from presto_client.tree import TRAVERSAL_RULES, PlanContext, PlannedProposal, RoundPlan
@@ -280,6 +281,7 @@ class PrestoRunner(_Runner):
         traversal: str,
         n_pf: int,
         predictor: CertaintyPredictor | None = None,
+        budget: SpeculationBudget | None = None,
     ) -> None:
         super().__init__(engine, sampler, seed, on_round)
         if traversal not in TRAVERSAL_RULES:
@@ -291,7 +293,19 @@ class PrestoRunner(_Runner):
         self.rule = TRAVERSAL_RULES[traversal]
         self.n_pf = n_pf
         self.predictor = predictor
+        self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
         self._cancelled: list[asyncio.Future[list[ScoredTokens]]] = []
+
+    def _round_size(self) -> int:
+        """``N_pf`` for this round: the root's proposal plus what the engine's budget allows.
+
+        ``n_pf`` is a cap; on an engine whose measured cost says that extra sequences slow the
+        others (a CPU), or whose slots the chains' roots need, the round shrinks towards the
+        sequential chain's single request.
+        """
+        per = self.kernel.sequences_per_proposal
+        extra = min(self.n_pf - 1, self.budget.available() // per)
+        return 1 + max(extra, 0)
 
     async def _advance(self, root: ChainState, block: int, k: int) -> tuple[ChainState, int]:
         ctx = PlanContext(
@@ -303,8 +317,12 @@ class PrestoRunner(_Runner):
             self.config.steps_per_block - k,
             self.predictor,
         )
-        plan = self.rule(ctx, self.n_pf)
+        plan = self.rule(ctx, self._round_size())
         requests = plan.requests()
+        per = self.kernel.sequences_per_proposal
+        speculative = (len(plan.proposals) - 1) * per
+        self.budget.add_head(per)
+        self.budget.try_acquire(speculative)  # within what _round_size saw available
         self.stats.rounds += 1
         self.stats.requests_issued += len(plan.proposals)
         self.stats.sequences_issued += len(requests)
@@ -343,6 +361,8 @@ class PrestoRunner(_Runner):
                 self._cancel_unreachable(plan, pending, path, held)
         finally:
             tokens += await self._close_round(pending)
+            self.budget.remove_head(per)
+            self.budget.release(speculative)
         wall = time.perf_counter() - start - (self.stats.tighten_wall_s - tighten_before)
         self.stats.call_wall_s.append(wall)
         self.stats.tokens_generated += tokens
@@ -361,7 +381,11 @@ class PrestoRunner(_Runner):
         return state, done
 
     async def _generate_proposal(self, planned: PlannedProposal) -> list[ScoredTokens]:
-        results, _ = await self._generate(planned.requests)
+        in_flight = self.budget.in_flight
+        results, wall = await self._generate(planned.requests)
+        # The engine's cost as seen by one whole request (the stream traversal sees it per
+        # chunk): seconds per token at the load it started under.
+        self.budget.observe(planned.requests[0].num_tokens, wall, in_flight)
         return results
 
     def _cancel_unreachable(
@@ -425,16 +449,23 @@ async def run_chain(
     runner: _Runner
     if traversal == "sequential":
         runner = SequentialRunner(engine, sampler, seed, on_round)
-    elif traversal == "stream":
-        from presto_client.speculation import budget_for  # here: stream_runner imports this module
-        from presto_client.stream_runner import StreamRunner
-
-        capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
-        runner = StreamRunner(
-            engine, sampler, seed, on_round, window=n_pf, budget=budget_for(engine, capacity)
-        )
     else:
-        runner = PrestoRunner(
-            engine, sampler, seed, on_round, traversal=traversal, n_pf=n_pf, predictor=predictor
-        )
+        # Chains that share an engine share one speculation budget (presto_client.speculation).
+        capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
+        budget = budget_for(engine, capacity)
+        if traversal == "stream":
+            from presto_client.stream_runner import StreamRunner  # it imports this module
+
+            runner = StreamRunner(engine, sampler, seed, on_round, window=n_pf, budget=budget)
+        else:
+            runner = PrestoRunner(
+                engine,
+                sampler,
+                seed,
+                on_round,
+                traversal=traversal,
+                n_pf=n_pf,
+                predictor=predictor,
+                budget=budget,
+            )
     return await runner.run(prompt_ids)

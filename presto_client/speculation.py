@@ -149,9 +149,14 @@ _BUDGETS: weakref.WeakKeyDictionary[object, SpeculationBudget] = weakref.WeakKey
 
 
 def budget_for(engine: object, capacity: int | None) -> SpeculationBudget:
-    """The budget shared by every chain running on ``engine`` (created on first use)."""
+    """The budget shared by every chain running on ``engine`` (created on first use).
+
+    Only a served engine (one with a concurrency bound, i.e. a server) is measured; an
+    in-process engine (the reference model) computes its answers on the event loop, so its
+    timings say nothing about a server's cost and its chains speculate up to their caps.
+    """
     budget = _BUDGETS.get(engine)
     if budget is None:
-        budget = SpeculationBudget(capacity)
+        budget = SpeculationBudget(capacity, adaptive=capacity is not None)
         _BUDGETS[engine] = budget
     return budget
