@@ -301,6 +301,11 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     finally:
         await probe.aclose()
     blocks: list[Block] = []
+    partial: Path | None = None
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        partial = args.out / "blocks.partial.jsonl"
+        partial.write_text("")
     t_start = time.perf_counter()
     for p, prompt in enumerate(prompts):
         for arm in arms:
@@ -308,6 +313,9 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
                 base_url, arm, p, prompt, sampler, args.chains, args.seed + 1000 * p, spec_kw
             )
             blocks.append(block)
+            if partial is not None:  # what a killed run leaves behind
+                with partial.open("a") as fh:
+                    fh.write(json.dumps(block.__dict__) + "\n")
             print(
                 f"prompt {p} {arm.name:>14}: wall {block.wall_s:7.2f} s, model-call "
                 f"{block.total('model_call_time_s'):7.2f} s, transitions "
