@@ -63,7 +63,8 @@ class Block:
     server: dict[str, Any] = field(default_factory=dict)
 
     def total(self, key: str) -> float:
-        return float(sum(c["stats"][key] for c in self.chains))
+        """Sum of a statistic over the chains that finished (failed ones have no stats)."""
+        return float(sum(c["stats"][key] for c in self.chains if "stats" in c))
 
 
 class LatencyServerProcess:
@@ -142,9 +143,13 @@ async def run_block(
 
         async def one(c: int) -> dict[str, Any]:
             t0 = time.perf_counter()
-            result = await run_chain(
-                engine, prompt, sampler, traversal=arm.traversal, n_pf=arm.n_pf, seed=seed + c
-            )
+            try:
+                result = await run_chain(
+                    engine, prompt, sampler, traversal=arm.traversal, n_pf=arm.n_pf, seed=seed + c
+                )
+            except Exception as exc:  # one failed chain does not end the benchmark
+                print(f"chain {arm.name} prompt {prompt_index} seed {seed + c} failed: {exc}")
+                return {"seed": seed + c, "wall_s": time.perf_counter() - t0, "error": str(exc)}
             return chain_record(result, seed + c, time.perf_counter() - t0)
 
         t0 = time.perf_counter()
@@ -170,21 +175,35 @@ def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
         mine = [b for b in blocks if b.arm == arm.name]
         if not mine:
             continue
-        call_sp, wall_sp, tok_rel, srv_rel, replays = [], [], [], [], 0
+        call_sp, wall_sp, tok_rel, srv_rel, replays, failed = [], [], [], [], 0, 0
         for b in mine:
             ref = base.get(b.prompt)
             if ref is None:
                 continue
-            call_sp.append(ref.total("model_call_time_s") / max(b.total("model_call_time_s"), 1e-9))
-            ref_wall = sum(c["wall_s"] for c in ref.chains)
-            wall_sp.append(ref_wall / max(sum(c["wall_s"] for c in b.chains), 1e-9))
-            tok_rel.append(b.total("tokens_generated") / max(ref.total("tokens_generated"), 1))
+            ok = [
+                i
+                for i, (c, r) in enumerate(zip(b.chains, ref.chains, strict=True))
+                if "stats" in c and "stats" in r
+            ]
+            failed += len(b.chains) - len(ok)
+            if not ok:
+                continue
+
+            def paired(chains: list[dict[str, Any]], key: str, ok: list[int] = ok) -> float:
+                return float(sum(chains[i]["stats"][key] for i in ok))
+
+            call_sp.append(
+                paired(ref.chains, "model_call_time_s")
+                / max(paired(b.chains, "model_call_time_s"), 1e-9)
+            )
+            ref_wall = sum(ref.chains[i]["wall_s"] for i in ok)
+            wall_sp.append(ref_wall / max(sum(b.chains[i]["wall_s"] for i in ok), 1e-9))
+            ref_tokens = max(paired(ref.chains, "tokens_generated"), 1.0)
+            tok_rel.append(paired(b.chains, "tokens_generated") / ref_tokens)
             srv_rel.append(
                 b.server.get("tokens_generated", 0) / max(ref.server.get("tokens_generated", 0), 1)
             )
-            replays += sum(
-                c["tokens"] == r["tokens"] for c, r in zip(b.chains, ref.chains, strict=True)
-            )
+            replays += sum(b.chains[i]["tokens"] == ref.chains[i]["tokens"] for i in ok)
         transitions = sum(b.total("transitions") for b in mine)
         calls = sum(b.total("rounds") for b in mine)
         wall = sum(b.wall_s for b in mine)
@@ -206,9 +225,10 @@ def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
                 "early_rejects": sum(b.total("early_rejects") for b in mine),
                 "tokens_saved_early": sum(b.total("tokens_saved_early") for b in mine),
                 "replays_sequential": f"{replays}/{n_chains}",
+                "failed_chains": failed,
                 "throughput_tps": transitions / wall if wall else 0.0,
                 "mean_chain_latency_s": statistics.mean(
-                    c["wall_s"] for b in mine for c in b.chains
+                    [c["wall_s"] for b in mine for c in b.chains if "stats" in c] or [0.0]
                 ),
                 "server_peak_running": max(b.server.get("peak_running", 0) for b in mine),
                 "server_mean_running": statistics.mean(
@@ -368,6 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--max-concurrency", type=int, default=None)
     parser.add_argument("--vocab-size", type=int, default=64)
+    parser.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=-1,
+        help="server's --max-logprobs (-1: the vocabulary, so an ambiguous decision can be "
+        "tightened by exact scoring instead of failing its chain)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-url", default=None, help="use a running latency server")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_stream"))
@@ -387,6 +414,8 @@ def main(argv: list[str] | None = None) -> None:
         str(args.vocab_size),
         "--max-model-len",
         str(max(4096, args.prompt_len + args.T + 1)),
+        "--max-logprobs",
+        str(args.max_logprobs),
     ]
     if args.max_num_seqs is not None:
         server_args += ["--max-num-seqs", str(args.max_num_seqs)]
