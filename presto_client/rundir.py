@@ -224,6 +224,10 @@ class RunDir:
         Raises :class:`ConfigError` otherwise.
         """
         if not self.exists():
+            if self.path.is_dir() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
+                raise ConfigError(
+                    f"{self.path} exists and is not a run directory; choose another --output"
+                )
             return {}
         old = self.run_info().get("fingerprint", {})
         finished = finished_ok(self.samples())
@@ -256,10 +260,8 @@ class RunDir:
         every chain's seed is on disk before it runs.
         """
         check_output_dir(self.path)
-        if not self.exists() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
-            raise ConfigError(
-                f"{self.path} exists and is not a run directory; choose another --output"
-            )
+        if not self.exists():
+            self.check_resumable(fingerprint)  # (a folder of other files is refused)
         self._lock()
         try:
             return self._open_locked(fingerprint, resolved_config, chains)

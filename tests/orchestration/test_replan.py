@@ -56,3 +56,13 @@ def test_validate_refuses_what_run_refuses(
     run_err = capsys.readouterr().err
     assert "different job" in validate_err and "seed" in validate_err
     assert validate_err == run_err
+
+
+def test_validate_refuses_a_folder_that_is_not_a_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    config = _write(tmp_path, "a.yaml")
+    assert main(["validate", str(config)], out=io.StringIO()) == 2
+    assert "is not a run directory" in capsys.readouterr().err
