@@ -23,9 +23,10 @@ Every decision is the kernel's (``kernels.py``), against the state the walk hold
 ``W`` proposals are in flight at once is set by the engine's shared
 :class:`~presto_client.speculation.SpeculationBudget`; it changes the speed, never the chain.
 
-Statistics: a *call* of this traversal is a wait of the walk on the engine (``rounds``,
-``call_wall_s``: the time the walk spent waiting), so ``transitions_per_call`` counts the
-transitions decided per wait, as for the round-based rules.
+Statistics: a *call* of this traversal is a wait of the walk on the engine together with the
+transitions decided after it without waiting (one ``stream`` record each; ``call_wall_s`` is the
+time the walk spent waiting), so ``transitions_per_call`` counts transitions per wait, as for the
+round-based rules.
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ class StreamRunner(_Runner):
         self._issued_since = 0
         self._sequences_since = 0
         self._tokens_since = 0
+        self._open_transitions = 0
+        self._open_accepts = 0
+        self._open_wall = 0.0
 
     # ---- issuing and cancelling
 
@@ -284,6 +288,7 @@ class StreamRunner(_Runner):
                 self._close(flight)
             if window:
                 await self._drain()
+            self._flush(block)
         return state, steps - start_k
 
     def _refill(
@@ -321,22 +326,35 @@ class StreamRunner(_Runner):
                     self._close(window.pop(j))
                     self.stats.requests_cancelled += 1
         self.stats.requests_used += 1
-        if waited is not None:
-            self.stats.rounds += 1
-            self.stats.call_wall_s.append(waited)
+        if waited is not None:  # a wait on the engine opens a new call record
+            self._flush(block)
+        self._open_transitions += 1
+        self._open_accepts += int(verdict.accepted)
+        self._open_wall += waited or 0.0
+        return state
+
+    def _flush(self, block: int) -> None:
+        """Record the open call: one wait of the walk and the transitions decided after it
+        without waiting (so ``rounds`` counts waits and ``transitions_per_call`` transitions
+        per wait, as for the round-based rules)."""
+        if self._open_transitions == 0:
+            return
+        self.stats.rounds += 1
+        self.stats.call_wall_s.append(self._open_wall)
         self._emit(
             block=block,
             kind="stream",
             requests=self._issued_since,
             sequences=self._sequences_since,
-            used=1,
-            transitions=1,
-            accepts=int(verdict.accepted),
-            wall_s=waited or 0.0,
+            used=self._open_transitions,
+            transitions=self._open_transitions,
+            accepts=self._open_accepts,
+            wall_s=self._open_wall,
             tokens=self._tokens_since,
         )
         self._issued_since = self._sequences_since = self._tokens_since = 0
-        return state
+        self._open_transitions = self._open_accepts = 0
+        self._open_wall = 0.0
 
     async def _await_decision(
         self, state: ChainState, flight: _InFlight, block: int

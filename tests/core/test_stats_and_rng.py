@@ -11,7 +11,7 @@ from presto_client.sampler_config import SamplerConfig
 from presto_client.stats import RoundRecord
 
 
-@pytest.mark.parametrize("traversal", ["sequential", "bfs", "predictive", "crn"])
+@pytest.mark.parametrize("traversal", ["sequential", "bfs", "predictive", "crn", "stream"])
 @pytest.mark.parametrize("sampler", ["power_mh", "multi_try_mh"])
 async def test_statistics_agree_with_round_records(traversal: str, sampler: str) -> None:
     records: list[RoundRecord] = []
@@ -21,7 +21,7 @@ async def test_statistics_agree_with_round_records(traversal: str, sampler: str)
         engine, [1], config, traversal=traversal, n_pf=6, seed=3, on_round=records.append
     )
     stats = result.stats
-    proposes = [r for r in records if r.kind == "propose"]
+    proposes = [r for r in records if r.kind in ("propose", "stream")]
     extends = [r for r in records if r.kind == "extend"]
     tightens = [r for r in records if r.kind == "tighten"]
     assert [r.round for r in records] == list(range(len(records)))
@@ -29,6 +29,8 @@ async def test_statistics_agree_with_round_records(traversal: str, sampler: str)
     assert len(proposes) == stats.rounds
     if traversal == "sequential":
         assert stats.rounds == engine.generate_calls - 2
+    elif traversal == "stream":  # proposals are streamed; a call record is one wait
+        assert engine.generate_calls == 2 and stats.rounds <= stats.transitions
     else:  # one engine call per proposal of a round; cancelled ones may never reach the engine
         assert stats.rounds <= engine.generate_calls - 2 <= stats.requests_issued
     assert len(tightens) == stats.tighten_calls == stats.ambiguous == engine.score_calls

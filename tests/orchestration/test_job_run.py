@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from orch_helpers import CountingEngine, make_config, reference_engine, wait_until
+from orch_helpers import PROMPTS, CountingEngine, make_config, reference_engine, wait_until
 
 from presto_client.errors import ConfigError
 from presto_client.job import chain_seed, make_plan, run_job_async
@@ -244,3 +244,22 @@ async def test_one_session_at_a_time_per_directory(tmp_path: Path) -> None:
     await task  # the first session is unharmed
     result = await run_job_async(plan)  # and the lock is released when it ends
     assert result.skipped == len(plan.chains)
+
+
+async def test_a_stream_arm_runs_with_its_window_and_replays_the_baseline(tmp_path: Path) -> None:
+    cfg = make_config(
+        tmp_path / "run",
+        sampler={"traversals": ["sequential", "stream"], "n_pf": 4, "window": 3},
+    )
+    plan = make_plan(cfg)
+    result = await run_job_async(plan)
+    assert result.failed == 0
+    check_consistent(tmp_path / "run", {c.chain_id for c in plan.chains})
+    samples = lines(tmp_path / "run" / "samples.jsonl")
+    by = {(s["traversal"], s["prompt_index"], s["chain_index"]): s for s in samples}
+    for (t, p, c), s in by.items():
+        if t == "stream":
+            assert s["n_pf"] == 3  # the window, not the round size
+            assert s["token_ids"] == by[("sequential", p, c)]["token_ids"]
+    arms = {a["arm"]: a for a in result.summary["arms"]}
+    assert arms["ref/stream"]["identical_to_baseline"] == len(PROMPTS) * 2
