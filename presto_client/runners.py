@@ -237,13 +237,39 @@ class _Runner:
 
 
 class SequentialRunner(_Runner):
-    """The baseline chain: draw, generate, decide; one engine call per transition."""
+    """The baseline chain: draw, generate, decide; one engine call per transition.
+
+    With a :class:`SpeculationBudget` it never speculates, but it reports its calls to the
+    budget (in flight, and their seconds per token): the single-sequence end of the engine's
+    cost curve that PreSTO chains on the same engine size their speculation from.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        sampler: SamplerConfig,
+        seed: int,
+        on_round: RoundCallback | None,
+        *,
+        budget: SpeculationBudget | None = None,
+    ) -> None:
+        super().__init__(engine, sampler, seed, on_round)
+        self.budget = budget
 
     async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
         draws = self.randomness.transition(block, k)
         cut = self.kernel.cut(state, draws.u_cut)
         requests = self.kernel.requests(state.prefix(cut), state.length - cut, draws)
-        proposals, wall = await self._generate(requests)
+        if self.budget is None:
+            proposals, wall = await self._generate(requests)
+        else:
+            in_flight = self.budget.in_flight + len(requests)
+            self.budget.add_head(len(requests))
+            try:
+                proposals, wall = await self._generate(requests)
+            finally:
+                self.budget.remove_head(len(requests))
+            self.budget.observe(requests[0].num_tokens, wall, in_flight)
         tokens = sum(len(p) for p in proposals)
         self.stats.rounds += 1
         self.stats.call_wall_s.append(wall)
@@ -447,12 +473,12 @@ async def run_chain(
     if traversal not in TRAVERSALS:
         raise ValueError(f"unknown traversal {traversal!r}; valid traversals are {TRAVERSALS}")
     runner: _Runner
+    # Chains that share an engine share one speculation budget (presto_client.speculation).
+    capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
+    budget = budget_for(engine, capacity)
     if traversal == "sequential":
-        runner = SequentialRunner(engine, sampler, seed, on_round)
+        runner = SequentialRunner(engine, sampler, seed, on_round, budget=budget)
     else:
-        # Chains that share an engine share one speculation budget (presto_client.speculation).
-        capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
-        budget = budget_for(engine, capacity)
         if traversal == "stream":
             from presto_client.stream_runner import StreamRunner  # it imports this module
 

@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TOLERANCE = 0.5
 """Speculation may slow a decode step by this fraction over the heads alone."""
-MIN_OBSERVATIONS = 32
-"""Inter-token samples before the cost fit is trusted."""
+MIN_OBSERVATIONS = 16
+"""Samples (inter-chunk times of streams, whole requests of the other runners) before the cost
+fit is trusted; it also needs them at more than one load."""
 FORGETTING = 0.995
 """Per-sample decay of the least-squares sums (recent load counts most)."""
 
