@@ -209,7 +209,7 @@ class LatencyServer:
         max_logprobs: int = 20,
         lookahead: int = 32,
         chunk: int = 8,
-        max_catch_up_s: float = 0.01,
+        max_catch_up_s: float = 0.1,
         max_cached_rows: int = 50_000,
     ) -> None:
         base = PROFILES[profile] if isinstance(profile, str) else profile
@@ -631,6 +631,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-logprobs", type=int, default=20)
     parser.add_argument(
+        "--max-catch-up",
+        type=float,
+        default=0.1,
+        help="seconds of step-clock lateness (event-loop or OS delays) made up by running the "
+        "next steps without sleeping; lateness beyond it is dropped (reported as dropped_s)",
+    )
+    parser.add_argument(
         "--model",
         choices=("reference", "windowed"),
         default="reference",
@@ -650,6 +657,7 @@ async def _serve(args: argparse.Namespace) -> None:
         block_size=args.block_size,
         max_model_len=args.max_model_len,
         max_logprobs=args.max_logprobs,
+        max_catch_up_s=args.max_catch_up,
     )
     if args.model == "windowed":
         server.emulation.model = WindowedReferenceModel(args.vocab_size, seed=args.model_seed)

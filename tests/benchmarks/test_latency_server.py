@@ -56,9 +56,10 @@ async def test_two_sequences_cost_about_one_step_and_a_third_waits(flat: ServerT
         three = await asyncio.gather(*(_timed(client, _body([5, i], n, i)) for i in range(3)))
         stats = (await client.get("/stats")).json()
     assert one >= n * FLAT.step_base_s
-    assert max(t for t, _ in two) < 1.4 * one  # batching is (nearly) free on this profile
+    assert max(t for t, _ in two) < 1.6 * one  # batching is (nearly) free on this profile
     times = sorted(t for t, _ in three)
-    assert times[2] > 1.6 * times[1]  # max_num_seqs = 2: the third waited for a slot
+    # max_num_seqs = 2: the third waited n steps for a slot, then ran n (the clock is never early).
+    assert times[2] > 0.95 * 2 * n * FLAT.step_base_s
     assert stats["peak_running"] == 2 and stats["peak_waiting"] >= 1
     assert stats["completed"] == 3 and stats["tokens_generated"] == 3 * n
     assert stats["aborted"] == 0
