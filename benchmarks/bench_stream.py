@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,13 @@ async def run_block(
                     engine, prompt, sampler, traversal=arm.traversal, n_pf=arm.n_pf, seed=seed + c
                 )
             except Exception as exc:  # one failed chain does not end the benchmark
-                print(f"chain {arm.name} prompt {prompt_index} seed {seed + c} failed: {exc}")
-                return {"seed": seed + c, "wall_s": time.perf_counter() - t0, "error": str(exc)}
+                print(f"chain {arm.name} prompt {prompt_index} seed {seed + c} failed: {exc!r}")
+                return {
+                    "seed": seed + c,
+                    "wall_s": time.perf_counter() - t0,
+                    "error": repr(exc),
+                    "traceback": traceback.format_exc(),
+                }
             return chain_record(result, seed + c, time.perf_counter() - t0)
 
         t0 = time.perf_counter()
