@@ -1,0 +1,347 @@
+"""Graders: is a finished chain's answer right (issue 11)?
+
+A grader is a pure function ``(completion text, reference answer) -> Grade``. The built-in ones:
+
+- ``math``: the final answer is the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``),
+  else the last number in the text; equivalence by the ``math-verify`` package when it is
+  installed (``\\frac{1}{2}`` equals ``0.5``, ``2\\sqrt{2}`` equals ``\\sqrt{8}``), otherwise a
+  normalised comparison (numbers as exact fractions, else normalised strings; see
+  :func:`math_equal_fallback`).
+- ``exact``: the whole completion, normalised (case, surrounding whitespace and punctuation,
+  inner whitespace runs), equals the normalised reference.
+- ``regex``: the first group of the last match of ``pattern`` is the answer, compared as ``exact``.
+- ``choice``: a multiple-choice letter A-D (GPQA style): the last "answer is (X)" / "Answer: X"
+  / ``\\boxed{X}`` / lone letter; compared with the reference letter.
+- ``python``: ``module:function``, the user's own; it gets ``(text, reference)`` and returns a
+  :class:`Grade`, a bool, or a ``(correct, extracted)`` pair.
+
+:class:`GraderConfig` is the job config's ``grader`` field (a string shorthand, ``"math"``,
+``"python: mymod:grade"``, or the mapping form).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+log = logging.getLogger(__name__)
+
+GraderKind = Literal["math", "exact", "regex", "choice", "python"]
+
+
+@dataclass(frozen=True, slots=True)
+class Grade:
+    """One graded answer: whether it is right and what was extracted (None: nothing found)."""
+
+    correct: bool
+    extracted: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"correct": self.correct, "extracted": self.extracted}
+
+
+GraderFn = Callable[[str, str], Grade]
+
+
+# ---------------------------------------------------------------------------------------------
+# Extraction helpers
+# ---------------------------------------------------------------------------------------------
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces), or None."""
+    starts = [m.end() for m in _BOX_RE.finditer(text)]
+    for start in reversed(starts):
+        depth = 1
+        i = start
+        while i < len(text):
+            ch = text[i]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i].strip()
+            i += 1
+    return None
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` (thousands separators and a simple ``a/b`` kept), or None."""
+    matches = _NUMBER_RE.findall(text)
+    if not matches:
+        return None
+    return re.sub(r"\s+", "", matches[-1])
+
+
+def extract_math_answer(text: str) -> str | None:
+    """The final answer of a math completion: the last boxed content, else the last number."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    return last_number(text)
+
+
+def normalize_text(s: str) -> str:
+    """Lower case, inner whitespace runs collapsed, surrounding whitespace/punctuation/$ dropped."""
+    s = re.sub(r"\s+", " ", s.strip().lower())
+    return s.strip(" .,;:!?\"'`$")
+
+
+_LATEX_STRIP = (
+    (re.compile(r"\\(?:left|right|displaystyle|,|;|!|\s)"), ""),
+    (re.compile(r"\\text\{([^}]*)\}"), r"\1"),
+    (re.compile(r"\\[dt]frac"), r"\\frac"),
+    (re.compile(r"\\frac\{([^{}]+)\}\{([^{}]+)\}"), r"(\1)/(\2)"),
+    (re.compile(r"\\frac(\d)(\d)"), r"\1/\2"),
+)
+
+
+def _as_fraction(s: str) -> Fraction | None:
+    t = s.replace(",", "").replace(" ", "")
+    t = re.sub(r"^\((-?[\d.]+)\)/\((-?[\d.]+)\)$", r"\1/\2", t)
+    try:
+        if "/" in t:
+            num, den = t.split("/", 1)
+            return Fraction(num) / Fraction(den)
+        return Fraction(t)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def math_equal_fallback(pred: str, ref: str) -> bool:
+    """Equivalence without math-verify: exact rational comparison of numbers (``\\frac{1}{2}``,
+    ``1/2``, ``0.5`` and ``1,000``/``1000`` are handled), else normalised string equality."""
+
+    def clean(s: str) -> str:
+        s = s.strip().strip("$").strip()
+        for pat, rep in _LATEX_STRIP:
+            s = pat.sub(rep, s)
+        s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)  # "x = 3" -> "3"
+        return s.strip()
+
+    p, r = clean(pred), clean(ref)
+    fp, fr = _as_fraction(p), _as_fraction(r)
+    if fp is not None and fr is not None:
+        return fp == fr
+    return normalize_text(p).replace(" ", "") == normalize_text(r).replace(" ", "")
+
+
+def _have_math_verify() -> bool:
+    try:
+        importlib.import_module("math_verify")
+    except ImportError:
+        return False
+    return True
+
+
+HAVE_MATH_VERIFY = _have_math_verify()
+
+
+def math_equal(pred: str, ref: str) -> bool:
+    """``pred`` and ``ref`` denote the same mathematical answer (math-verify when installed)."""
+    if not HAVE_MATH_VERIFY:
+        return math_equal_fallback(pred, ref)
+    from math_verify import parse, verify  # type: ignore[import-untyped]
+
+    # math-verify's timeouts use signal.alarm, which only works in the main thread.
+    timeout: int | None = 5 if threading.current_thread() is threading.main_thread() else None
+
+    def _parse(s: str) -> list[Any]:
+        s = s.strip()
+        wrapped = s if s.startswith("$") or "\\boxed" in s else f"${s}$"
+        out: list[Any] = parse(wrapped, parsing_timeout=timeout)  # type: ignore[arg-type]
+        if not out:
+            out = parse(s, parsing_timeout=timeout)  # type: ignore[arg-type]
+        return out
+
+    try:
+        gold, target = _parse(ref), _parse(pred)
+        if gold and target and verify(gold, target, timeout_seconds=timeout):
+            return True
+    except Exception:  # math-verify raises on exotic input; a failed parse is not a grade
+        log.debug("math-verify failed on %r vs %r", pred, ref, exc_info=True)
+    return math_equal_fallback(pred, ref)
+
+
+_CHOICE_PATTERNS = (
+    re.compile(r"\\boxed\{\s*\(?([A-Da-d])\)?\s*\}"),
+    re.compile(r"answer\s*(?:is|:)?\s*:?\s*\(?\*{0,2}([A-Da-d])\b\)?", re.IGNORECASE),
+    re.compile(r"\(([A-D])\)"),
+    re.compile(r"(?:^|\s)([A-D])(?:[.):]|\s*$)", re.MULTILINE),
+)
+
+
+def extract_choice(text: str) -> str | None:
+    """The chosen letter A-D of a multiple-choice answer, upper case, or None."""
+    for pat in _CHOICE_PATTERNS:
+        found = pat.findall(text)
+        if found:
+            return str(found[-1]).upper()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Graders
+# ---------------------------------------------------------------------------------------------
+
+
+def grade_math(text: str, reference: str) -> Grade:
+    extracted = extract_math_answer(text)
+    if extracted is None:
+        return Grade(False, None)
+    ref = last_boxed(reference) or reference
+    return Grade(math_equal(extracted, ref), extracted)
+
+
+def grade_exact(text: str, reference: str) -> Grade:
+    extracted = normalize_text(text)
+    return Grade(extracted == normalize_text(reference), extracted)
+
+
+def grade_choice(text: str, reference: str) -> Grade:
+    extracted = extract_choice(text)
+    ref = extract_choice(reference) or reference.strip().upper()
+    return Grade(extracted is not None and extracted == ref, extracted)
+
+
+def make_regex_grader(pattern: str) -> GraderFn:
+    """A grader taking the first group of the last match of ``pattern`` (compared as exact)."""
+    rx = re.compile(pattern)
+    if rx.groups < 1:
+        raise ValueError(f"grader regex {pattern!r} needs one capturing group")
+
+    def grade_regex(text: str, reference: str) -> Grade:
+        matches = list(rx.finditer(text))
+        if not matches:
+            return Grade(False, None)
+        extracted = matches[-1].group(1)
+        if extracted is None:
+            return Grade(False, None)
+        return Grade(normalize_text(extracted) == normalize_text(reference), extracted.strip())
+
+    return grade_regex
+
+
+def _coerce(result: object) -> Grade:
+    if isinstance(result, Grade):
+        return result
+    if isinstance(result, bool):
+        return Grade(result, None)
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool):
+        extracted = result[1]
+        return Grade(result[0], None if extracted is None else str(extracted))
+    raise TypeError(
+        f"a python grader must return a Grade, a bool or a (correct, extracted) pair, "
+        f"got {type(result).__name__}"
+    )
+
+
+def load_python_grader(target: str) -> GraderFn:
+    """``module:function`` -> a grader (the function's result coerced to a :class:`Grade`)."""
+    mod_name, sep, fn_name = target.strip().partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise ValueError(f"python grader {target!r}: expected 'module:function'")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ValueError(f"python grader {target!r}: cannot import {mod_name!r}: {exc}") from exc
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"python grader {target!r}: {fn_name!r} is not a function of {mod_name}")
+
+    def grade_python(text: str, reference: str) -> Grade:
+        return _coerce(fn(text, reference))
+
+    return grade_python
+
+
+GRADERS: dict[str, GraderFn] = {
+    "math": grade_math,
+    "exact": grade_exact,
+    "choice": grade_choice,
+}
+
+
+class GraderConfig(BaseModel):
+    """The job config's ``grader``: ``"math"``, ``"exact"``, ``"choice"``,
+    ``"regex: PATTERN"``, ``"python: module:function"``, or ``{kind: ..., pattern/function: ...}``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: GraderKind
+    pattern: str | None = Field(default=None, description="regex: one capturing group")
+    function: str | None = Field(default=None, description="python: 'module:function'")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: object) -> object:
+        if isinstance(value, str):
+            kind, sep, arg = value.partition(":")
+            kind = kind.strip()
+            if kind == "python":
+                return {"kind": "python", "function": arg.strip()} if sep else {"kind": kind}
+            if kind == "regex":
+                return {"kind": "regex", "pattern": arg.strip()} if sep else {"kind": kind}
+            if sep:
+                raise ValueError(f"grader {value!r}: only 'regex:' and 'python:' take an argument")
+            return {"kind": kind}
+        return value
+
+    @model_validator(mode="after")
+    def _args(self) -> GraderConfig:
+        if self.kind == "regex":
+            if not self.pattern:
+                raise ValueError("grader 'regex' needs a pattern (grader: 'regex: answer=(\\d+)')")
+            try:
+                groups = re.compile(self.pattern).groups
+            except re.error as exc:
+                raise ValueError(f"grader regex {self.pattern!r} does not compile: {exc}") from exc
+            if groups < 1:
+                raise ValueError(f"grader regex {self.pattern!r} needs one capturing group")
+        elif self.pattern is not None:
+            raise ValueError(f"grader {self.kind!r} takes no pattern")
+        if self.kind == "python":
+            if not self.function or ":" not in self.function:
+                raise ValueError(
+                    "grader 'python' needs 'module:function' (grader: 'python: mymod:grade')"
+                )
+        elif self.function is not None:
+            raise ValueError(f"grader {self.kind!r} takes no function")
+        return self
+
+    def label(self) -> str:
+        if self.kind == "regex":
+            return f"regex: {self.pattern}"
+        if self.kind == "python":
+            return f"python: {self.function}"
+        return self.kind
+
+
+def build_grader(config: GraderConfig | str) -> GraderFn:
+    """The grading function a config names (imports a python grader)."""
+    cfg = config if isinstance(config, GraderConfig) else GraderConfig.model_validate(config)
+    if cfg.kind == "regex":
+        assert cfg.pattern is not None
+        return make_regex_grader(cfg.pattern)
+    if cfg.kind == "python":
+        assert cfg.function is not None
+        return load_python_grader(cfg.function)
+    return GRADERS[cfg.kind]
+
+
+def grade(config: GraderConfig | str, text: str, reference: str) -> Grade:
+    """Grade one answer (builds the grader each call: use :func:`build_grader` in loops)."""
+    return build_grader(config)(text, reference)

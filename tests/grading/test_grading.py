@@ -1,0 +1,137 @@
+"""Graders on hand-written cases (issue 11)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from pydantic import ValidationError
+
+from presto_client import grading
+from presto_client.grading import (
+    Grade,
+    GraderConfig,
+    build_grader,
+    extract_choice,
+    extract_math_answer,
+    grade_choice,
+    grade_exact,
+    grade_math,
+    last_boxed,
+    math_equal_fallback,
+)
+
+
+def test_last_boxed_nested_braces() -> None:
+    assert last_boxed(r"first \boxed{1} then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+    assert last_boxed(r"\fbox{x^{2}}") == "x^{2}"
+    assert last_boxed("no box") is None
+    assert last_boxed(r"\boxed{unclosed") is None
+
+
+def test_extract_math_answer_prefers_boxed_then_last_number() -> None:
+    assert extract_math_answer(r"so 3 apples... \boxed{7} and 9") == "7"
+    assert extract_math_answer("She has 3 then 12 apples.") == "12"
+    assert extract_math_answer("costs 1,250 dollars") == "1,250"
+    assert extract_math_answer("-4.5 degrees") == "-4.5"
+    assert extract_math_answer("no numbers") is None
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "correct"),
+    [
+        (r"The answer is \boxed{\frac{1}{2}}.", "0.5", True),
+        (r"\boxed{\dfrac{3}{4}}", "0.75", True),
+        (r"\boxed{0.5}", r"\frac{1}{2}", True),
+        ("So the total is 1,000.", "1000", True),
+        (r"\boxed{42}", "42.0", True),
+        (r"\boxed{x = 3}", "3", True),
+        ("She ends with 12 apples.", "12", True),
+        ("She ends with 13 apples.", "12", False),
+        ("no answer here", "12", False),
+    ],
+)
+def test_grade_math(completion: str, reference: str, correct: bool) -> None:
+    assert grade_math(completion, reference).correct is correct
+
+
+@pytest.mark.skipif(not grading.HAVE_MATH_VERIFY, reason="math-verify not installed")
+def test_math_verify_equates_symbolic_forms() -> None:
+    assert grade_math(r"\boxed{2\sqrt{2}}", r"\sqrt{8}").correct
+    assert grade_math(r"\boxed{\frac12}", "1/2").correct
+    assert not grade_math(r"\boxed{\sqrt{2}}", r"\sqrt{3}").correct
+
+
+def test_math_fallback_without_math_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grading, "HAVE_MATH_VERIFY", False)
+    assert grade_math(r"\boxed{\frac{1}{2}}", "0.5").correct
+    assert grade_math(r"\boxed{\dfrac{3}{4}}", "3/4").correct
+    assert grade_math("total 1,000", "1000").correct
+    assert not grade_math(r"\boxed{\frac{1}{3}}", "0.3").correct
+    assert math_equal_fallback("x = 3", "3")
+    assert math_equal_fallback(r"\text{Paris}", "paris")
+
+
+def test_grade_exact_normalises() -> None:
+    assert grade_exact("  Paris. ", "paris").correct
+    assert grade_exact("New   York", "new york").correct
+    assert not grade_exact("Paris, France", "Paris").correct
+    assert grade_exact("Paris", "paris").extracted == "paris"
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("The answer is (C).", "C"),
+        ("Answer: B", "B"),
+        (r"Therefore \boxed{D}", "D"),
+        ("I think (A) is wrong, and the answer is (B)", "B"),
+        ("B", "B"),
+        ("nothing chosen", None),
+    ],
+)
+def test_extract_choice(text: str, letter: str | None) -> None:
+    assert extract_choice(text) == letter
+
+
+def test_grade_choice() -> None:
+    assert grade_choice("The answer is (C).", "C").correct
+    assert grade_choice("Answer: c", "(C)").correct
+    assert not grade_choice("The answer is (A).", "C").correct
+    assert grade_choice("nothing", "C") == Grade(False, None)
+
+
+def test_regex_grader_last_match_first_group() -> None:
+    g = build_grader("regex: ANSWER=(\\w+)")
+    assert g("ANSWER=foo then ANSWER=Bar", "bar") == Grade(True, "Bar")
+    assert g("no match", "bar") == Grade(False, None)
+
+
+def test_python_grader(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = types.ModuleType("my_test_grader_mod")
+    mod.by_bool = lambda text, ref: text.endswith(ref)  # type: ignore[attr-defined]
+    mod.by_pair = lambda text, ref: (text == ref, text)  # type: ignore[attr-defined]
+    mod.bad = lambda text, ref: 3  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "my_test_grader_mod", mod)
+    assert build_grader("python: my_test_grader_mod:by_bool")("abc", "bc") == Grade(True, None)
+    assert build_grader("python:my_test_grader_mod:by_pair")("x", "x") == Grade(True, "x")
+    with pytest.raises(TypeError):
+        build_grader("python: my_test_grader_mod:bad")("x", "x")
+    with pytest.raises(ValueError, match="not a function"):
+        build_grader("python: my_test_grader_mod:missing")
+    with pytest.raises(ValueError, match="cannot import"):
+        build_grader("python: no_such_module_xyz:f")
+
+
+def test_grader_config_forms() -> None:
+    assert GraderConfig.model_validate("math").kind == "math"
+    cfg = GraderConfig.model_validate("python: pkg.mod:fn")
+    assert (cfg.kind, cfg.function, cfg.label()) == ("python", "pkg.mod:fn", "python: pkg.mod:fn")
+    cfg = GraderConfig.model_validate({"kind": "regex", "pattern": "(\\d+)"})
+    assert cfg.pattern == "(\\d+)"
+    for bad in ("nope", "regex", "regex: no_group", "python: nocolon", "math: arg"):
+        with pytest.raises(ValidationError):
+            GraderConfig.model_validate(bad)
+    with pytest.raises(ValidationError):
+        GraderConfig.model_validate({"kind": "math", "pattern": "(x)"})
