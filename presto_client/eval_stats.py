@@ -45,7 +45,9 @@ def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]
     denom = 1.0 + z2 / n
     center = (p + z2 / (2 * n)) / denom
     half = (z / denom) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return (max(0.0, center - half), min(1.0, center + half))
+    low = 0.0 if correct == 0 else max(0.0, center - half)
+    high = 1.0 if correct == n else min(1.0, center + half)
+    return (low, high)
 
 
 def accuracy(grades: Iterable[bool]) -> Accuracy:

@@ -47,6 +47,7 @@ from presto_client.orchestrator import (
     OrchestratorResult,
 )
 from presto_client.prompt_tokens import decode, encode
+from presto_client.quality import ChainGrader, make_chain_grader
 from presto_client.reference import ReferenceEngine, ReferenceModel
 from presto_client.report import summarize, summary_rows
 from presto_client.rundir import RunDir, check_output_dir, finished_ok, read_jsonl
@@ -436,9 +437,10 @@ async def _read_metrics(handle: OpenEngine) -> dict[str, float] | None:
 class RunDirSink:
     """Writes rounds and finished chains to the run directory as they complete."""
 
-    def __init__(self, run: RunDir, sampler_name: str) -> None:
+    def __init__(self, run: RunDir, sampler_name: str, grader: ChainGrader | None = None) -> None:
         self.run = run
         self.sampler_name = sampler_name
+        self.grader = grader
         self.started = time.time()
 
     def chain_started(self, spec: ChainSpec, replica: int) -> None:
@@ -483,6 +485,10 @@ class RunDirSink:
         if result is not None:
             row["token_ids"] = list(result.token_ids)
             row["text"] = outcome.text
+            if self.grader is not None:
+                grade = self.grader.grade(spec.prompt_index, outcome.text, result.token_ids)
+                if grade is not None:
+                    row["grade"] = grade
             row["stats"] = result.stats.as_dict()
             row["transitions"] = [
                 [t.block, t.k, t.cut, int(t.accepted), round(float(t.log_accept), 6)]
@@ -643,6 +649,11 @@ async def _run_chains(
             for c in todo
         ]
 
+        try:
+            grader = make_chain_grader(cfg.grader, {p.index: p.answer for p in plan.prompts})
+        except ValueError as exc:
+            raise ConfigError(f"grader: {exc}") from None
+
         async def add_text(outcome: ChainOutcome) -> None:
             if outcome.result is not None and engines[outcome.spec.engine].kind != "reference":
                 replica = engines[outcome.spec.engine].replicas[outcome.replica]
@@ -653,7 +664,7 @@ async def _run_chains(
             max_concurrency=cfg.max_concurrency,
             max_active_chains=cfg.max_active_chains,
             max_failed_chains=cfg.failure_budget(len(plan.chains)),
-            sinks=[RunDirSink(run, cfg.sampler.sampler), *sinks],
+            sinks=[RunDirSink(run, cfg.sampler.sampler, grader), *sinks],
             finish=add_text,
         )
         before = {n: await _read_metrics(h) for n, h in engines.items()}

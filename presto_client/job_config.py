@@ -37,6 +37,7 @@ from pydantic import (
 
 from backends.base import DEFAULT_RESTART_WINDOW_S
 from presto_client.errors import ConfigError
+from presto_client.grading import GraderConfig
 from presto_client.sampler_config import (
     MAX_ALPHA,
     MIN_TAU,
@@ -207,6 +208,12 @@ class PromptsConfig(_Strict):
         None, description="A JSONL file, one prompt per line (relative to the config file)."
     )
     field: str = Field("prompt", description="The JSONL field holding the prompt text.")
+    answer_field: str = Field(
+        "answer", description="The JSONL field holding a prompt's reference answer (graded jobs)."
+    )
+    answers: list[str | None] | None = Field(
+        None, description="Reference answers of inline prompts, one per prompt (graded jobs)."
+    )
     limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
     chat_template: bool = Field(
         False,
@@ -253,6 +260,7 @@ class Prompt:
     index: int
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
+    answer: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,6 +404,11 @@ class JobConfig(_Strict):
         None,
         ge=1,
         description="Most chains running at once (null: enough to keep max_concurrency busy).",
+    )
+    grader: GraderConfig | None = Field(
+        None,
+        description="Grade each finished chain against its prompt's answer: math, exact, "
+        "choice, 'regex: PATTERN' or 'python: module:function' (null: no grading).",
     )
     max_failed_chains: int | None = Field(
         None,
@@ -715,16 +728,26 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
                     "prompts.field to the field holding the prompt text"
                 )
             value = row[pc.field]
+            answer = row.get(pc.answer_field)
+            answer = None if answer is None else str(answer)
             if isinstance(value, list) and all(isinstance(t, int) for t in value):
-                prompts.append(Prompt(len(prompts), token_ids=tuple(value)))
+                prompts.append(Prompt(len(prompts), token_ids=tuple(value), answer=answer))
             elif isinstance(value, str):
-                prompts.append(Prompt(len(prompts), text=value))
+                prompts.append(Prompt(len(prompts), text=value, answer=answer))
             else:
                 raise ConfigError(
                     f"{pc.file}:{lineno}: field {pc.field!r} must be text or a list of token ids"
                 )
         if not prompts:
             raise ConfigError(f"{pc.file}: no prompts in the file")
+    if pc.answers is not None:
+        if len(pc.answers) != len(prompts):
+            raise ConfigError(
+                f"prompts.answers: {len(pc.answers)} answer(s) for {len(prompts)} prompt(s); "
+                "give one answer (or null) per prompt"
+            )
+        pairs = zip(prompts, pc.answers, strict=True)
+        prompts = [Prompt(p.index, p.text, p.token_ids, a) for p, a in pairs]
     if pc.limit is not None:
         prompts = prompts[: pc.limit]
     if any(p.text is not None for p in prompts):

@@ -314,7 +314,7 @@ def summarize(
         }
         arms.append(entry)
     arms.sort(key=lambda a: _arm_sort_key(a, engine_order))
-    return {
+    out: dict[str, Any] = {
         "job": job,
         "chains_ok": sum(a["chains_ok"] for a in arms),
         "chains_failed": sum(a["chains_failed"] for a in arms),
@@ -325,6 +325,13 @@ def summarize(
             for metric, pairs in pooled_pairs.items()
         },
     }
+    # Graded runs only (issue 11): summaries of ungraded runs are unchanged.
+    from presto_client.quality import quality_summary
+
+    quality = quality_summary(latest.values(), baseline=baseline)
+    if quality:
+        out["quality"] = quality
+    return out
 
 
 def summarize_run(run: RunDir, baseline: str = BASELINE) -> dict[str, Any]:
@@ -456,7 +463,15 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
     for arm in arms:
         cells = _cells(arm)
         rows.append([cells[k] for _, k in _TABLE_COLUMNS])
-    return render_table(header, rows)
+    table = render_table(header, rows)
+    quality = summary.get("quality")
+    if quality:
+        from presto_client.quality import format_quality_table
+
+        table += "\n\nAnswer quality (graded):\n" + format_quality_table(
+            quality, [str(a["arm"]) for a in arms]
+        )
+    return table
 
 
 _SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (

@@ -1,0 +1,135 @@
+"""Graded jobs on the reference engine (issue 11): grades stored once, quality per arm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import graded_helpers
+import pytest
+from orch_helpers import PROMPTS, make_config
+
+from presto_client.errors import ConfigError
+from presto_client.eval_stats import pass_at_k
+from presto_client.job import make_plan, run_job_async
+from presto_client.job_config import load_job_config, load_prompts
+from presto_client.report import format_summary_table
+
+ANSWERS = ["4", "0", "1", "2"]  # the first two match the first token these chains draw
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def graded_config(out: Path, **changes: Any) -> Any:
+    return make_config(
+        out,
+        prompts={"token_ids": PROMPTS, "answers": ANSWERS},
+        grader="python: graded_helpers:first_token",
+        **changes,
+    )
+
+
+async def test_grades_stored_once_and_summarised(tmp_path: Path) -> None:
+    graded_helpers.CALLS.clear()
+    cfg = graded_config(tmp_path / "run", chains_per_prompt=3)
+    plan = make_plan(cfg)
+    result = await run_job_async(plan)
+    samples = lines(tmp_path / "run" / "samples.jsonl")
+    assert len(samples) == len(plan.chains) == 4 * 3 * 2
+    for s in samples:
+        first = str(s["token_ids"][0])
+        want = first == ANSWERS[s["prompt_index"]]
+        assert s["grade"] == {"correct": want, "extracted": first}
+    assert len(graded_helpers.CALLS) == len(samples)
+
+    quality = result.summary["quality"]
+    assert set(quality) == {"ref/sequential", "ref/crn"}
+    for arm, q in quality.items():
+        mine = [s for s in samples if s["arm"] == arm]
+        k = sum(s["grade"]["correct"] for s in mine)
+        assert (q["correct"], q["n"], q["prompts"]) == (k, 12, 4)
+        assert q["ci95_low"] < q["accuracy"] == 0.5 < q["ci95_high"]
+        assert set(q["pass_at_k"]) == {"1", "2", "3"}
+        by_prompt = [
+            sum(s["grade"]["correct"] for s in mine if s["prompt_index"] == p) for p in range(4)
+        ]
+        want2 = sum(pass_at_k(3, c, 2) for c in by_prompt) / 4
+        assert q["pass_at_k"]["2"] == pytest.approx(want2)
+        assert q["pass_at_k"]["1"] == pytest.approx(q["accuracy"])
+        assert q["tokens_per_answer"] > 0
+    # crn replays the sequential chain: no discordant pair, McNemar p = 1
+    m = quality["ref/crn"]["mcnemar"]
+    assert (m["baseline"], m["a_only"], m["b_only"], m["n_pairs"], m["p_value"]) == (
+        "ref/sequential",
+        0,
+        0,
+        12,
+        1.0,
+    )
+    assert quality["ref/sequential"]["mcnemar"] is None
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["quality"] == json.loads(json.dumps(quality))
+    assert "Answer quality" in format_summary_table(result.summary)
+
+    # a resume grades nothing again and keeps the grades
+    graded_helpers.CALLS.clear()
+    again = await run_job_async(make_plan(graded_config(tmp_path / "run", chains_per_prompt=3)))
+    assert again.skipped == len(plan.chains)
+    assert graded_helpers.CALLS == []
+    assert lines(tmp_path / "run" / "samples.jsonl") == samples
+    assert again.summary["quality"] == result.summary["quality"]
+
+
+async def test_ungraded_summary_unchanged(tmp_path: Path) -> None:
+    result = await run_job_async(make_plan(make_config(tmp_path / "run")))
+    assert "quality" not in result.summary
+    assert all("grade" not in s for s in lines(tmp_path / "run" / "samples.jsonl"))
+    assert "Answer quality" not in format_summary_table(result.summary)
+
+
+async def test_prompts_without_answer_are_not_graded(tmp_path: Path) -> None:
+    cfg = make_config(
+        tmp_path / "run",
+        prompts={"token_ids": PROMPTS, "answers": ["0", None, None, None]},
+        grader="python: graded_helpers:first_token",
+    )
+    result = await run_job_async(make_plan(cfg))
+    graded = [s for s in lines(tmp_path / "run" / "samples.jsonl") if "grade" in s]
+    assert {s["prompt_index"] for s in graded} == {0}
+    assert result.summary["quality"]["ref/sequential"]["n"] == 2
+
+
+def test_answers_from_a_jsonl_file(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text(
+        json.dumps({"prompt": "What is 2+2?", "answer": 4})
+        + "\n"
+        + json.dumps({"prompt": "No answer"})
+        + "\n"
+    )
+    (tmp_path / "job.yaml").write_text(
+        "engines: [{kind: embedded}]\nprompts: {file: p.jsonl}\ngrader: math\n"
+    )
+    cfg = load_job_config(tmp_path / "job.yaml")
+    assert cfg.grader is not None and cfg.grader.kind == "math"
+    prompts = load_prompts(cfg)
+    assert [(p.text, p.answer) for p in prompts] == [("What is 2+2?", "4"), ("No answer", None)]
+
+
+def test_bad_grader_and_answers_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="answers"):
+        load_prompts(make_config(tmp_path / "r", prompts={"token_ids": PROMPTS, "answers": ["1"]}))
+    with pytest.raises(Exception, match="grader"):
+        make_config(tmp_path / "r", grader="regex: no_group")
+
+
+async def test_unimportable_python_grader_is_a_config_error(tmp_path: Path) -> None:
+    cfg = make_config(
+        tmp_path / "run",
+        prompts={"token_ids": PROMPTS, "answers": ANSWERS},
+        grader="python: no_such_module_for_grading:f",
+    )
+    with pytest.raises(ConfigError, match="grader"):
+        await run_job_async(make_plan(cfg))
