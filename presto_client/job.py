@@ -51,7 +51,7 @@ from presto_client.quality import ChainGrader, make_chain_grader
 from presto_client.reference import ReferenceEngine, ReferenceModel
 from presto_client.report import summarize, summary_rows
 from presto_client.rundir import RunDir, check_output_dir, finished_ok, read_jsonl
-from presto_client.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.sampler_config import ARM_TRAVERSALS, SamplerConfig
 from presto_client.stats import RoundRecord
 from presto_client.urls import redact_url
 
@@ -129,10 +129,11 @@ def make_arms(
             )
         names = [n for n in names if n in engines]
     rules = list(traversals) if traversals else list(cfg.sampler.traversals)
-    bad = [t for t in rules if t not in TRAVERSALS]
+    bad = [t for t in rules if t not in ARM_TRAVERSALS]
     if bad:
         raise ConfigError(
-            f"unknown traversal(s) {', '.join(bad)}; valid traversals are: {', '.join(TRAVERSALS)}"
+            f"unknown traversal(s) {', '.join(bad)}; valid traversals are: "
+            f"{', '.join(ARM_TRAVERSALS)}"
         )
     return [Arm(f"{e}/{t}", e, t) for e in names for t in rules]
 

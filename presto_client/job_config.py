@@ -39,10 +39,10 @@ from backends.base import DEFAULT_RESTART_WINDOW_S
 from presto_client.errors import ConfigError
 from presto_client.grading import GraderConfig
 from presto_client.sampler_config import (
+    ARM_TRAVERSALS,
     MAX_ALPHA,
     MIN_TAU,
     SAMPLERS,
-    TRAVERSALS,
     SamplerConfig,
 )
 from presto_client.urls import redact_url, split_userinfo
@@ -268,7 +268,9 @@ class Prompt:
 # --------------------------------------------------------------------------------------------
 
 
-TraversalName = Literal["sequential", "bfs", "predictive", "crn", "stream"]
+TraversalName = Literal[
+    "sequential", "bfs", "predictive", "crn", "stream", "sample", "low_temperature", "greedy"
+]
 
 
 def _default_traversals() -> list[TraversalName]:
@@ -304,7 +306,8 @@ class SamplerSettings(_Strict):
     traversals: list[TraversalName] = Field(
         default_factory=_default_traversals,
         min_length=1,
-        description=f"Traversal rules to run, one arm each: {', '.join(TRAVERSALS)}. "
+        description=f"Traversal rules to run, one arm each: {', '.join(ARM_TRAVERSALS)} "
+        "(sample, low_temperature, greedy: baselines without MH). "
         "'sequential' is the PowerMH baseline; speedups are measured against it.",
     )
     n_pf: int = Field(

@@ -111,6 +111,11 @@ class ReferenceModel:
         context = list(prefix)
         for _ in range(num_tokens):
             row = self.logprobs(context)
+            if temperature == 0.0:  # greedy (the `greedy` baseline arm), as engines do
+                token = int(np.argmax(row))
+                context.append(token)
+                yield token, row
+                continue
             q = np.exp(log_softmax(row / temperature)[0])
             drawn = int(np.searchsorted(np.cumsum(q), rng.random(), side="right"))
             token = min(drawn, len(q) - 1)  # guards the rounding of the last cumulative sum

@@ -25,7 +25,7 @@ from typing import Any
 
 from presto_client.errors import PrestoError
 from presto_client.rundir import RunDir, iter_chain_records, latest_by_chain
-from presto_client.sampler_config import TRAVERSALS
+from presto_client.sampler_config import BASELINE_TRAVERSALS, TRAVERSALS
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ def summarize(
             "engine": engine,
             "sampler": first.get("sampler"),
             "traversal": traversal,
-            "n_pf": None if traversal == baseline else first.get("n_pf"),
+            "n_pf": None if traversal in (baseline, *BASELINE_TRAVERSALS) else first.get("n_pf"),
             "chains_ok": len(ok),
             "chains_failed": sum(1 for r in rows if r.get("status") != "ok"),
             "calls": int(rounds),

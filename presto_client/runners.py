@@ -29,7 +29,12 @@ from presto_client.errors import InvalidResponseError
 from presto_client.kernels import Kernel, Verdict, make_kernel
 from presto_client.predictor import CertaintyPredictor
 from presto_client.rng import ChainRandomness, TransitionDraws
-from presto_client.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.sampler_config import (
+    ARM_TRAVERSALS,
+    BASELINE_TRAVERSALS,
+    TRAVERSALS,
+    SamplerConfig,
+)
 from presto_client.speculation import SpeculationBudget, budget_for
 from presto_client.state import ChainState
 from presto_client.stats import ChainStats, RoundKind, RoundRecord, TransitionRecord
@@ -470,8 +475,14 @@ async def run_chain(
     ``n_pf`` is the round size of ``bfs``/``predictive``/``crn`` and the window (the cap of
     proposals in flight) of ``stream``.
     """
+    if traversal in BASELINE_TRAVERSALS:  # no MH: one plain sample (issue 11)
+        from presto_client.baseline_runners import BaselineRunner  # it imports this module
+
+        return await BaselineRunner(engine, sampler, seed, on_round, traversal=traversal).run(
+            prompt_ids
+        )
     if traversal not in TRAVERSALS:
-        raise ValueError(f"unknown traversal {traversal!r}; valid traversals are {TRAVERSALS}")
+        raise ValueError(f"unknown traversal {traversal!r}; valid traversals are {ARM_TRAVERSALS}")
     runner: _Runner
     # Chains that share an engine share one speculation budget (presto_client.speculation).
     capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None

@@ -133,3 +133,34 @@ async def test_unimportable_python_grader_is_a_config_error(tmp_path: Path) -> N
     )
     with pytest.raises(ConfigError, match="grader"):
         await run_job_async(make_plan(cfg))
+
+
+async def test_baseline_arms_in_a_graded_job(tmp_path: Path) -> None:
+    traversals = ["sequential", "sample", "low_temperature", "greedy"]
+    cfg = graded_config(tmp_path / "run", sampler={"traversals": traversals})
+    plan = make_plan(cfg)
+    result = await run_job_async(plan)
+    assert result.completed == len(plan.chains) == 4 * 2 * 4
+    samples = lines(tmp_path / "run" / "samples.jsonl")
+    # same prompts and seeds in every arm
+    seeds = {(s["arm"], s["prompt_index"], s["chain_index"]): s["seed"] for s in samples}
+    for (arm, p, c), seed in seeds.items():
+        assert seeds[("ref/sequential", p, c)] == seed, arm
+    for s in samples:
+        if s["traversal"] != "sequential":
+            assert s["stats"]["rounds"] == 1 and s["stats"]["transitions"] == 0
+            assert len(s["token_ids"]) == 8
+    # greedy: one answer per prompt, whatever the seed
+    greedy = {}
+    for s in samples:
+        if s["traversal"] == "greedy":
+            assert greedy.setdefault(s["prompt_index"], s["token_ids"]) == s["token_ids"]
+    quality = result.summary["quality"]
+    assert set(quality) == {f"ref/{t}" for t in traversals}
+    for t in traversals[1:]:
+        m = quality[f"ref/{t}"]["mcnemar"]
+        assert m["baseline"] == "ref/sequential" and m["n_pairs"] == 8
+    arms = {a["arm"]: a for a in result.summary["arms"]}
+    assert arms["ref/greedy"]["n_pf"] is None
+    table = format_summary_table(result.summary)
+    assert "ref/low_temperature" in table.split("Answer quality")[1]

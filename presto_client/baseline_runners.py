@@ -1,0 +1,85 @@
+"""Baseline arms that need no Metropolis–Hastings (issue 11): what power sampling is compared with.
+
+* ``sample``: one plain sample of the whole response at temperature 1 (the base model ``p0``).
+* ``low_temperature``: one sample at ``τ = 1/α`` (per position ``∝ p0^α``, normalised token by
+  token: the comparator of the power-sampling papers, which is *not* ``π_α``).
+* ``greedy``: the argmax token at every position (temperature 0, greedy on every engine).
+
+Each is one engine call of ``block_size × num_blocks`` tokens, seeded from the chain's seed (the
+same prompts and seeds as the MH arms of the job), truncated after the first EOS like them, and
+scored with the sampler's score spec so the final-response statistics are comparable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from presto_client.engine import Engine, ProposalRequest
+from presto_client.runners import ChainResult, RoundCallback, _Runner
+from presto_client.sampler_config import BASELINE_TRAVERSALS, SamplerConfig
+from presto_client.state import ChainState
+
+
+def baseline_temperature(traversal: str, sampler: SamplerConfig) -> float:
+    """The sampling temperature of a baseline arm (0: greedy)."""
+    if traversal == "sample":
+        return 1.0
+    if traversal == "low_temperature":
+        return 1.0 / sampler.alpha
+    if traversal == "greedy":
+        return 0.0
+    raise ValueError(
+        f"unknown baseline traversal {traversal!r}; baselines are {BASELINE_TRAVERSALS}"
+    )
+
+
+class BaselineRunner(_Runner):
+    """One plain sample (or the greedy path) of the whole response in one engine call."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sampler: SamplerConfig,
+        seed: int,
+        on_round: RoundCallback | None,
+        *,
+        traversal: str,
+    ) -> None:
+        super().__init__(engine, sampler, seed, on_round)
+        self.traversal = traversal
+        self.temperature = baseline_temperature(traversal, sampler)
+
+    async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
+        prompt = tuple(int(t) for t in prompt_ids)
+        request = ProposalRequest(
+            prompt,
+            self.config.response_length,
+            self.temperature,
+            self.randomness.extension_seed(0),
+            self.kernel.score_spec,
+        )
+        (response,), wall = await self._generate([request])
+        tokens = len(response)
+        self.stats.rounds += 1
+        self.stats.call_wall_s.append(wall)
+        self.stats.requests_issued += 1
+        self.stats.requests_used += 1
+        self.stats.sequences_issued += 1
+        self.stats.tokens_generated += tokens
+        self._emit(
+            block=0,
+            kind="propose",
+            requests=1,
+            sequences=1,
+            used=1,
+            transitions=0,
+            accepts=0,
+            wall_s=wall,
+            tokens=tokens,
+        )
+        state = ChainState(prompt, response)
+        full = state.token_ids
+        eos = self.config.eos_token_id
+        final = full[: full.index(eos) + 1] if eos is not None and eos in full else full
+        self.stats.record_final_response(response.slice(0, len(final)))
+        return ChainResult(prompt, final, full, state, self.stats, self.transitions)
