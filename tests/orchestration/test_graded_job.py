@@ -164,3 +164,19 @@ async def test_baseline_arms_in_a_graded_job(tmp_path: Path) -> None:
     assert arms["ref/greedy"]["n_pf"] is None
     table = format_summary_table(result.summary)
     assert "ref/low_temperature" in table.split("Answer quality")[1]
+
+
+def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_job_config(root / "configs" / "graded.yaml")
+    assert cfg.grader is not None and cfg.grader.kind == "math"
+    assert {"sequential", "greedy", "low_temperature"} <= set(cfg.sampler.traversals)
+    prompts = load_prompts(cfg)
+    assert len(prompts) == 40 and all(p.answer is not None for p in prompts)
+    from presto_client.grading import build_grader
+
+    grader = build_grader(cfg.grader)
+    for p in prompts:
+        assert p.answer is not None
+        assert grader(f"The answer is {p.answer}.", p.answer).correct
+        assert not grader(f"The answer is {int(p.answer) + 1}.", p.answer).correct
