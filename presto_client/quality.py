@@ -153,3 +153,41 @@ def make_chain_grader(
     if not any(a is not None for a in answers.values()):
         log.warning("grader %s is configured but no prompt has an answer", config.label())
     return ChainGrader(config, answers)
+
+
+def plot_accuracy_vs_cost(
+    plt: Any,
+    quality: Mapping[str, Mapping[str, Any]],
+    arms: Sequence[str],
+    color: Mapping[str, str],
+    path: Any,
+) -> Any:
+    """``accuracy_vs_cost.png``: one point per graded arm, accuracy (95 % Wilson interval as the
+    error bar) against model-call time per answer; each point labelled with its tokens/answer."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    order = [a for a in arms if a in quality] + [a for a in quality if a not in arms]
+    for arm in order:
+        q = quality[arm]
+        acc = q.get("accuracy")
+        if acc is None:
+            continue
+        x = float(q["model_call_time_per_answer_s"])
+        err = [[acc - q["ci95_low"]], [q["ci95_high"] - acc]]
+        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4, label=arm, color=color.get(arm, "C0"))
+        ax.annotate(
+            f"{q['tokens_per_answer']:.0f} tok",
+            (x, acc),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize="small",
+        )
+    ax.set_xlabel("model-call time per answer, s")
+    ax.set_ylabel("accuracy (95% Wilson interval)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Accuracy against cost")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

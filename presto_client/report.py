@@ -707,4 +707,11 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         ax.grid(alpha=0.3, axis="y")
         path = out / "speedup_per_prompt.png"
         written.append(_save(plt, fig, path))
+    quality = summary.get("quality")
+    if quality:  # graded runs (issue 11)
+        from presto_client.quality import plot_accuracy_vs_cost
+
+        written.append(
+            plot_accuracy_vs_cost(plt, quality, arms, color, out / "accuracy_vs_cost.png")
+        )
     return written

@@ -180,3 +180,19 @@ def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
         assert p.answer is not None
         assert grader(f"The answer is {p.answer}.", p.answer).correct
         assert not grader(f"The answer is {int(p.answer) + 1}.", p.answer).correct
+
+
+async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from presto_client.report import write_plots
+    from presto_client.rundir import RunDir
+
+    cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "greedy"]})
+    await run_job_async(make_plan(cfg))
+    files = write_plots(RunDir(tmp_path / "run"), tmp_path / "plots")
+    assert tmp_path / "plots" / "accuracy_vs_cost.png" in files
+    assert (tmp_path / "plots" / "accuracy_vs_cost.png").stat().st_size > 1000
+    # ungraded runs get no such plot
+    await run_job_async(make_plan(make_config(tmp_path / "plain")))
+    plain = write_plots(RunDir(tmp_path / "plain"), tmp_path / "plain_plots")
+    assert all(p.name != "accuracy_vs_cost.png" for p in plain)
