@@ -94,4 +94,10 @@ def format_comparison(
     per_prompt = format_speedup_per_prompt(summary)
     if per_prompt:
         parts.append(per_prompt)
+    shown = [str(a["arm"]) for a in summary.get("arms", [])]
+    quality = {a: q for a, q in (summary.get("quality") or {}).items() if a in shown}
+    if quality:  # graded runs (issue 11)
+        from presto_client.quality import format_quality_table
+
+        parts.append("Answer quality (graded):\n" + format_quality_table(quality, shown))
     return "\n\n".join(parts)

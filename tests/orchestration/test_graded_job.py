@@ -196,3 +196,16 @@ async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
     await run_job_async(make_plan(make_config(tmp_path / "plain")))
     plain = write_plots(RunDir(tmp_path / "plain"), tmp_path / "plain_plots")
     assert all(p.name != "accuracy_vs_cost.png" for p in plain)
+
+
+async def test_compare_table_shows_answer_quality(tmp_path: Path) -> None:
+    from presto_client.compare import format_comparison
+    from presto_client.rundir import RunDir
+
+    cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "low_temperature"]})
+    result = await run_job_async(make_plan(cfg))
+    text = format_comparison(result.summary, RunDir(tmp_path / "run").samples(), "ref/sequential")
+    quality = text.split("Answer quality (graded):")[1]
+    assert "ref/low_temperature" in quality and "McNemar" in quality
+    plain = await run_job_async(make_plan(make_config(tmp_path / "plain")))
+    assert "Answer quality" not in format_comparison(plain.summary)
