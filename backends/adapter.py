@@ -2,8 +2,8 @@
 
 An adapter is a set of *pure* functions of one serving dialect: request builders (plain objects
 in, an :class:`HttpCall` out) and response parsers (a decoded JSON body in, a
-:class:`TokenLogprobs` out). It never opens a socket; :class:`~backends.engine.HttpEngine` sends
-what it builds over the shared :class:`~backends.transport.Transport`.
+:class:`TokenLogprobs` out). It never opens a socket; :class:`~backends.http_engine.HttpEngine`
+sends what it builds over the shared :class:`~backends.transport.Transport`.
 
 Every parser returns the same normalised record, :class:`TokenLogprobs`: the token ids, the
 logprob the engine returned for each (raw ``log p0`` or temperature-scaled ``log q_τ``, as the

@@ -1,7 +1,7 @@
 """The registry of backend dialects: register, list, create.
 
 A backend is an adapter class (pure request builders and response parsers, see
-:mod:`backends.adapter`); the shared :class:`~backends.engine.HttpEngine` drives it over the
+:mod:`backends.adapter`); the shared :class:`~backends.http_engine.HttpEngine` drives it over the
 shared transport. Third-party adapters register themselves with :func:`register_backend`.
 """
 
@@ -17,7 +17,7 @@ from presto_client.errors import ConfigError
 if TYPE_CHECKING:
     import httpx
 
-    from backends.engine import HttpEngine
+    from backends.http_engine import HttpEngine
     from backends.transport import Sleep
 
 # Built-in dialects are imported on first use: "module:attribute".
@@ -70,7 +70,7 @@ def create_engine(
     ``sleep`` replaces the sleep between retries.
     """
     cls = adapter_class(spec.kind)
-    from backends.engine import HttpEngine
+    from backends.http_engine import HttpEngine
 
     if not spec.base_urls:
         raise ConfigError(f"engine {spec.kind!r} has no base_urls")

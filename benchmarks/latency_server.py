@@ -1,6 +1,6 @@
 """A vLLM-dialect HTTP server with a continuous-batching cost model: a measuring instrument.
 
-It answers exactly what :class:`backends.emulation.EmulationServer` answers (same reference
+It answers exactly what :class:`tests.support.emulation.EmulationServer` answers (same reference
 model, same seeds, same token ids and raw top-K logprobs: its sampling and rendering code is
 called, not copied), but *when* it answers follows a model of a serving engine:
 
@@ -72,9 +72,9 @@ from typing import Any
 
 from aiohttp import web
 
-from backends.emulation import BadRequest, EmulationServer
 from benchmarks.fast_model import WindowedReferenceModel
 from presto_client.engine import FloatArray
+from tests.support.emulation import BadRequest, EmulationServer
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from backends import EngineSpec, create_engine
-from backends.engine import HttpEngine
+from backends.http_engine import HttpEngine
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu"
 

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from backends.emulation import EmulationServer
-from backends.engine import HttpEngine
+from backends.http_engine import HttpEngine
+from tests.support.emulation import EmulationServer
 
 
 @pytest.fixture

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 from backend_helpers import FIXTURES, make_engine
 
-from backends.emulation import EmulationServer
-from backends.engine import HttpEngine
+from backends.http_engine import HttpEngine
 from presto_client.engine import ProposalRequest, ScoredTokens, ScoreRequest, ScoreSpec
 from presto_client.errors import (
     EngineRequestError,
@@ -28,6 +27,7 @@ from presto_client.errors import (
     ProbeError,
 )
 from presto_client.logprob_math import exact_scores
+from tests.support.emulation import EmulationServer
 
 SPEC = ScoreSpec((0.25, 0.5, 1.0), entropy=True)
 PROMPT = (1, 2, 3, 4, 5)
@@ -255,7 +255,7 @@ async def test_probe_detects_sglang_mode_mismatch(sglang_raw: EmulationServer) -
 async def test_probe_warns_when_sglang_ignores_seeds(caplog: pytest.LogCaptureFixture) -> None:
     with EmulationServer("sglang") as server:
         eng = engine("sglang", server)
-        with caplog.at_level(logging.WARNING, logger="backends.engine"):
+        with caplog.at_level(logging.WARNING, logger="backends.http_engine"):
             report = await eng.probe()
         assert report.ok and report.seeds_honoured is False
         assert "--enable-deterministic-inference" in caplog.text

@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from backends.engine import gather_or_cancel
+from backends.http_engine import gather_or_cancel
 from backends.transport import Transport, parse_retry_after
 from presto_client.errors import (
     EngineError,

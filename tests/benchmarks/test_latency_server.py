@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from backends import EngineSpec, create_engine
-from backends.emulation import EmulationServer
 from benchmarks.latency_server import CostProfile, LatencyServer, ServerThread
 from presto_client.engine import ProposalRequest, ScoreSpec
+from tests.support.emulation import EmulationServer
 
 # 2 ms per step, nearly flat in the batch (the gpu profile's shape), no prefill cost.
 FLAT = CostProfile("test-flat", 2e-3, 0.02e-3, 0.0, 2)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from backends import EngineSpec, create_engine
-from backends.engine import HttpEngine
+from backends.http_engine import HttpEngine
 from presto_client.embedded import SERVED_MODEL_NAME
 from presto_client.engine import ProposalRequest, ScoreSpec
 

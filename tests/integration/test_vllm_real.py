@@ -15,7 +15,7 @@ import pytest
 from vllm_servers import VllmServer
 
 from backends import EngineSpec, create_engine
-from backends.engine import HttpEngine
+from backends.http_engine import HttpEngine
 from presto_client.engine import ProposalRequest, ScoreRequest, ScoreSpec
 from presto_client.errors import EngineRequestError, ProbeError
 from presto_client.runners import run_chain

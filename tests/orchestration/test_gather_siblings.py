@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends.engine import gather_or_cancel
+from backends.http_engine import gather_or_cancel
 from presto_client.orchestrator import gather_or_fail
 
 

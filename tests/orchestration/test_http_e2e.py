@@ -15,7 +15,7 @@ from presto_client.errors import EngineError, EngineRequestError
 from presto_client.job import make_plan, run_job_async
 from presto_client.prompt_tokens import decode, encode
 
-emulation = pytest.importorskip("backends.emulation")
+emulation = pytest.importorskip("tests.support.emulation")
 
 
 @pytest.fixture
@@ -80,7 +80,8 @@ async def test_unreachable_engine_is_a_clear_error(tmp_path: Path) -> None:
     )
     with pytest.raises(EngineError):
         await run_job_async(make_plan(cfg))
-    assert (tmp_path / "run" / "summary.json").exists()
+    # Nothing was computed, so nothing is left: no empty run directory (issue 10, item 16).
+    assert not (tmp_path / "run").exists()
 
 
 class _FakeTransport:

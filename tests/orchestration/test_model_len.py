@@ -12,7 +12,7 @@ from orch_helpers import job_dict
 
 from presto_client.cli import main
 
-emulation = pytest.importorskip("backends.emulation")
+emulation = pytest.importorskip("tests.support.emulation")
 
 
 def _config(tmp_path: Path, url: str, block_size: int) -> Path:

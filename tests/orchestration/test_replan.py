@@ -14,7 +14,7 @@ from presto_client.cli import main
 from presto_client.errors import ProbeError
 from presto_client.job import make_plan, run_job_async
 
-emulation = pytest.importorskip("backends.emulation")
+emulation = pytest.importorskip("tests.support.emulation")
 
 
 def _engine(url: str, model: str) -> dict[str, object]:

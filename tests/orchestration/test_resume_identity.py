@@ -13,7 +13,7 @@ from orch_helpers import make_config
 from presto_client.errors import ConfigError
 from presto_client.job import make_plan, run_job_async
 
-emulation = pytest.importorskip("backends.emulation")
+emulation = pytest.importorskip("tests.support.emulation")
 
 
 def _config(run: Path, url: str, traversals: list[str]) -> object:

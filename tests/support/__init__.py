@@ -1,0 +1,9 @@
+"""Test doubles shared by the tests and the benchmarks; not part of the installed packages.
+
+- :mod:`tests.support.emulation`: HTTP servers of the exact reference model in vLLM's and
+  SGLang's dialects (the backend and end-to-end tests; ``benchmarks/latency_server.py`` serves the
+  same content with a latency model).
+
+Importable as ``tests.support`` from the repository root (pytest puts the root on ``sys.path``:
+``pythonpath`` in pyproject.toml; ``python -m benchmarks...`` runs from the root).
+"""
