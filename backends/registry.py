@@ -1,13 +1,24 @@
-"""The registry of backend dialects: register, list, create.
+"""The registry of backend dialects: register, list, create. The one list of backend names.
 
 A backend is an adapter class (pure request builders and response parsers, see
 :mod:`backends.adapter`); the shared :class:`~backends.http_engine.HttpEngine` drives it over the
-shared transport. Third-party adapters register themselves with :func:`register_backend`.
+shared transport. Every other list of engine kinds (the job config's ``kind``, ``presto
+validate``, error messages) is derived from :func:`available_backends`.
+
+Third-party adapters come in two ways:
+
+- :func:`register_backend` at import time (a Python caller, a test);
+- an entry point in the group ``presto_client.backends`` of an installed distribution, loaded
+  on first use, so that YAML configs and ``presto validate`` accept the kind with no code::
+
+      [project.entry-points."presto_client.backends"]
+      tgi = "presto_tgi.adapter:TgiAdapter"
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from backends.adapter import Adapter
@@ -28,6 +39,14 @@ _BUILTIN: dict[str, str] = {
 }
 _REGISTRY: dict[str, type[Adapter]] = {}
 
+ENTRY_POINT_GROUP = "presto_client.backends"
+"""Entry-point group of third-party backends: ``name = "module:AdapterClass"``."""
+
+
+def _entry_points() -> dict[str, str]:
+    """Backends declared by installed distributions: name -> ``"module:attribute"``."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
 
 def register_backend(name: str, adapter_cls: type[Adapter]) -> None:
     """Make ``adapter_cls`` available as ``kind: name`` (replaces an earlier registration)."""
@@ -39,8 +58,18 @@ def register_backend(name: str, adapter_cls: type[Adapter]) -> None:
 
 
 def available_backends() -> tuple[str, ...]:
-    """The registered backend names, sorted."""
-    return tuple(sorted(set(_BUILTIN) | set(_REGISTRY)))
+    """The registered backend names (built-in, registered, entry points), sorted."""
+    return tuple(sorted(set(_BUILTIN) | set(_REGISTRY) | set(_entry_points())))
+
+
+def _load(name: str, target: str) -> type[Adapter]:
+    module_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"backend {name!r}: cannot load {target} ({exc})") from None
+    register_backend(name, cls)
+    return cls
 
 
 def adapter_class(name: str) -> type[Adapter]:
@@ -48,10 +77,10 @@ def adapter_class(name: str) -> type[Adapter]:
     if name in _REGISTRY:
         return _REGISTRY[name]
     if name in _BUILTIN:
-        module_name, attr = _BUILTIN[name].split(":")
-        cls: type[Adapter] = getattr(importlib.import_module(module_name), attr)
-        _REGISTRY[name] = cls
-        return cls
+        return _load(name, _BUILTIN[name])
+    declared = _entry_points()
+    if name in declared:
+        return _load(name, declared[name])
     raise ConfigError(
         f"unknown backend {name!r}; valid backends are: {', '.join(available_backends())}"
     )

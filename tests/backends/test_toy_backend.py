@@ -1,0 +1,86 @@
+"""A third-party backend is one file plus its tests: the toy dialect of tests/support.
+
+Registered at run time (:func:`backends.register_backend`) or declared as an entry point in the
+group ``presto_client.backends``, it is listed by the registry, built by ``create_engine`` and
+driven by the shared HTTP engine (here over ``httpx.MockTransport``: no network).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import EntryPoint
+
+import httpx
+import numpy as np
+import pytest
+
+import backends.registry
+from backends import EngineSpec, available_backends, create_engine, register_backend
+from presto_client.engine import ProposalRequest, ScoreSpec
+from presto_client.errors import ConfigError
+from tests.support.toy_backend import ToyAdapter
+
+
+@pytest.fixture
+def toy_registered():
+    register_backend("toy", ToyAdapter)
+    yield "toy"
+    backends.registry._REGISTRY.pop("toy", None)
+
+
+@pytest.fixture
+def toy_entry_point(monkeypatch: pytest.MonkeyPatch):
+    """An installed distribution declaring ``toy = "tests.support.toy_backend:ToyAdapter"``."""
+    real = backends.registry.entry_points
+
+    def fake(*, group: str):
+        if group == backends.registry.ENTRY_POINT_GROUP:
+            return [EntryPoint("toy", "tests.support.toy_backend:ToyAdapter", group)]
+        return real(group=group)
+
+    monkeypatch.setattr(backends.registry, "entry_points", fake)
+    yield "toy"
+    backends.registry._REGISTRY.pop("toy", None)
+
+
+def _toy_server(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content)
+    assert request.url.path == "/toy/generate"
+    n = body["n"]
+    tokens = [(body["prompt"][-1] + 1 + i) % 5 for i in range(n)]
+    top = [[[t, -0.5], [(t + 1) % 5, -1.5]] for t in tokens]
+    return httpx.Response(200, json={"tokens": tokens, "logprobs": [-0.5] * n, "top": top})
+
+
+async def _generate_once(kind: str) -> None:
+    spec = EngineSpec(kind, ("http://toy:1",), model="m", top_k=2, vocab_size=5)
+    engine = create_engine(spec, transport=httpx.MockTransport(_toy_server))
+    try:
+        request = ProposalRequest((1, 2), 3, 0.5, 7, ScoreSpec((0.5,)))
+        (scored,) = await engine.generate([request])
+    finally:
+        await engine.aclose()
+    assert scored.token_ids.tolist() == [3, 4, 0]
+    assert np.allclose(scored.logp0, -0.5)
+    assert np.all(scored.logq_lo <= scored.logq_hi)
+
+
+async def test_a_registered_backend_is_listed_and_served(toy_registered: str) -> None:
+    assert "toy" in available_backends()
+    await _generate_once(toy_registered)
+
+
+async def test_an_entry_point_backend_is_listed_and_served(toy_entry_point: str) -> None:
+    assert "toy" in available_backends()
+    await _generate_once(toy_entry_point)
+
+
+def test_a_broken_entry_point_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        backends.registry,
+        "entry_points",
+        lambda *, group: [EntryPoint("bad", "no_such_module_xyz:Adapter", group)],
+    )
+    assert "bad" in available_backends()
+    with pytest.raises(ConfigError, match="backend 'bad': cannot load no_such_module_xyz"):
+        create_engine(EngineSpec("bad", ("http://h:1",)))
