@@ -419,7 +419,7 @@ class MultiTryMH(Kernel):
             if before_ok and through_ok:
                 selected = j
                 break
-        ratio_lo, ratio_hi = self._ratio_bounds(a, b, one, max(selected, 0))
+        ratio_lo, ratio_hi = self._ratio_bounds(log_lo, log_hi, max(selected, 0))
         eps = self.config.epsilon
         eps_certain = ratio_lo >= math.log1p(-eps) or ratio_hi <= math.log(eps)
         if selected < 0:
@@ -443,14 +443,20 @@ class MultiTryMH(Kernel):
         return _MultiTryBound(self, state, cut, draws)
 
     @staticmethod
-    def _ratio_bounds(a: FloatArray, b: FloatArray, one: float, j: int) -> tuple[float, float]:
-        """``log min(1, W/(W − w_J + 1))`` at both corners (statistics only, not decisions)."""
+    def _ratio_bounds(log_lo: FloatArray, log_hi: FloatArray, j: int) -> tuple[float, float]:
+        """``log min(1, W/(W − w_J + 1))`` at both corners (statistics only, not decisions).
 
-        def log_ratio(w: FloatArray) -> float:
-            total = float(w.sum())
-            return min(0.0, math.log(total) - math.log(total - float(w[j]) + one))
+        In log space: with a large shift every scaled weight of the low corner can underflow to 0
+        (or ``W − w_J`` round below 0), and ``math.log`` of it would raise.
+        """
 
-        r1, r2 = log_ratio(a), log_ratio(b)
+        def log_ratio(log_w: FloatArray) -> float:
+            log_total = float(np.logaddexp.reduce(log_w))
+            rest = np.delete(log_w, j)
+            log_rest = float(np.logaddexp.reduce(np.append(rest, 0.0)))
+            return min(0.0, log_total - log_rest)
+
+        r1, r2 = log_ratio(log_lo), log_ratio(log_hi)
         return min(r1, r2), max(r1, r2)
 
 

@@ -169,3 +169,30 @@ def test_eps_certainty_classification() -> None:
     assert kernel.evaluate(state, 0, [sure_accept], draws).eps_certain
     assert kernel.evaluate(state, 0, [sure_reject], draws).eps_certain
     assert not kernel.evaluate(state, 0, [unsure], draws).eps_certain
+
+
+def test_multi_try_ratio_statistics_survive_underflowing_weights() -> None:
+    """Weights spread over thousands of nats: the low corner underflows to 0 after the shift.
+
+    The statistics used ``math.log`` of the scaled sum and raised a domain error (found in the
+    MultiTryMH streaming benchmark); in log space they stay finite and ordered.
+    """
+    config = SamplerConfig(sampler="multi_try_mh", block_size=2, k_try=3, alpha=4.0)
+    kernel = MultiTryMH(config)
+    temps = kernel.score_spec.temperatures
+    m = len(temps)
+    x = ScoredTokens.exact([0, 1], [-900.0, -900.0], np.full((2, m), -900.0))
+    # Candidate scores far above the current state.
+    ys = [
+        ScoredTokens.exact([2], [-0.1 * (i + 1)], np.full((1, m), -0.1 * (i + 1))) for i in range(3)
+    ]
+    lo, hi = kernel.log_weight_bounds(ChainState((0,), x), 1, ys)
+    lo = lo - 5000.0  # an uncertain box thousands of nats wide: exp(lo - shift) == 0.0
+    r_lo, r_hi = MultiTryMH._ratio_bounds(lo, hi, 0)
+    assert math.isfinite(r_lo) and math.isfinite(r_hi)
+    assert r_lo <= r_hi <= 0.0
+    # The same formula as the textbook ratio where nothing underflows.
+    w = np.exp(hi - hi.max())
+    one = math.exp(-hi.max())
+    expected = min(0.0, math.log(w.sum()) - math.log(w.sum() - w[0] + one))
+    assert r_hi == pytest.approx(expected) or r_lo == pytest.approx(expected)
