@@ -589,7 +589,8 @@ async def run_job_async(
             completed_ok = True
     finally:
         run.close(completed=completed_ok)
-        summary = write_summary(run, plan)
+        # (a fresh run that never wrote anything is removed at close: no summary of nothing)
+        summary = {} if run.removed else write_summary(run, plan)
     return JobResult(
         plan=plan,
         run_dir=run.path,

@@ -80,17 +80,34 @@ def identity_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[s
     ]
 
 
-def check_output_dir(path: Path) -> None:
+def check_output_dir(path: Path, *, create: bool = False) -> None:
     """Make sure ``path`` is (or can become) a writable directory, before any engine starts.
 
-    Raises :class:`ConfigError` naming the path and the cause (an existing file, no permission,
-    a read-only file system).
+    A directory that does not exist yet is not created here (``create=False``): only its nearest
+    existing ancestor is checked, so that a job that dies before any chain ran leaves nothing
+    behind. Raises :class:`ConfigError` naming the path and the cause (an existing file, no
+    permission, a read-only file system).
     """
     if path.exists() and not path.is_dir():
         raise ConfigError(
             f"output directory {path} is not a directory (a file is there); choose another "
             "--output (or output_dir)"
         )
+    if not path.exists() and not create:
+        ancestor = path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise ConfigError(
+                f"cannot create the output directory {path}: {ancestor} is not a directory; "
+                "choose another --output (or output_dir)"
+            )
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"cannot create the output directory {path}: {ancestor} is not writable; choose "
+                "another --output (or output_dir), or fix its permissions"
+            )
+        return
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".presto-write-check."):
@@ -179,6 +196,13 @@ class RunDir:
         self.finished: dict[str, dict[str, Any]] = {}
         self.session = 0
         self._lock_fh: IO[str] | None = None
+        # Whether this session made the directory / made a fresh run in it, and wrote anything
+        # (a chain's record or sample, metrics, a summary): a session that never reached its
+        # engine leaves nothing behind (see close).
+        self._created_dir = False
+        self._fresh_run = False
+        self._wrote = False
+        self.removed = False
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -259,8 +283,10 @@ class RunDir:
         ``chains`` (chain id, arm, prompt, chain, seed, ...) are merged into ``run.json`` so that
         every chain's seed is on disk before it runs.
         """
-        check_output_dir(self.path)
-        if not self.exists():
+        self._created_dir = not self.path.exists()
+        check_output_dir(self.path, create=True)
+        self._fresh_run = not self.exists()
+        if self._fresh_run:
             self.check_resumable(fingerprint)  # (a folder of other files is refused)
         self._lock()
         try:
@@ -400,6 +426,7 @@ class RunDir:
     def append_record(self, row: Mapping[str, Any]) -> None:
         if self._records is None:
             raise RuntimeError("run directory not opened")
+        self._wrote = True
         self._records.write(_dumps(row) + "\n")
         self._records.flush()
 
@@ -411,6 +438,7 @@ class RunDir:
         from their seeds, and a truncated last line is tolerated."""
         if self._samples is None:
             raise RuntimeError("run directory not opened")
+        self._wrote = True
         self._samples.write(_dumps(row) + "\n")
         self._samples.flush()
         now = time.monotonic()
@@ -419,11 +447,13 @@ class RunDir:
             self._samples_synced = now
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
+        self._wrote = True
         with (self.path / METRICS_FILE).open("a", encoding="utf-8") as fh:
             fh.write(_dumps({"session": self.session, **row}) + "\n")
 
     def write_summary(self, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
         """``summary.json`` (everything) and ``summary.csv`` (one row per arm), atomically."""
+        self._wrote = True
         atomic_write_text(
             self.path / SUMMARY_JSON,
             json.dumps(summary, indent=1, default=_json_default, allow_nan=False) + "\n",
@@ -439,6 +469,9 @@ class RunDir:
                         os.fsync(fh.fileno())
                 fh.close()
         self._records = self._samples = None
+        if self._fresh_run and not self._wrote and not completed and self._lock_fh is not None:
+            self._remove_unused_run()
+            return
         if self.exists() and self._lock_fh is not None:
             try:
                 info = self.run_info()
@@ -452,6 +485,21 @@ class RunDir:
             except (PrestoError, OSError) as exc:  # never mask the error that closes a session
                 logger.warning("could not update %s: %s", self.path / RUN_FILE, exc)
         self._unlock()
+
+    def _remove_unused_run(self) -> None:
+        """A fresh run that wrote nothing (it died at the probe, say): remove what ``open`` made,
+        and the directory if this session created it, so that no empty run is left behind."""
+        for name in (RUN_FILE, CONFIG_FILE, RECORDS_FILE, SAMPLES_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / name).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / LOCK_FILE).unlink()
+        self._unlock()
+        self.removed = True
+        if self._created_dir:
+            with contextlib.suppress(OSError):  # (not empty: someone else's file; keep it)
+                self.path.rmdir()
+        logger.info("%s: nothing ran; removed the empty run directory", self.path)
 
     def __enter__(self) -> RunDir:
         return self

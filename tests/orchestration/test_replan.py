@@ -28,10 +28,22 @@ async def test_a_run_that_died_at_the_probe_can_be_replanned(tmp_path: Path) -> 
         wrong = make_config(run, engines=[_engine(server.base_url, "wrong")], **small)
         with pytest.raises(ProbeError, match="wrong"):
             await run_job_async(make_plan(wrong))
-        assert (run / "run.json").exists()
+        # Nothing ran: no empty run directory is left behind (issue 10, item 16).
+        assert not run.exists()
         fixed = make_config(run, engines=[_engine(server.base_url, "right")], **small)
         result = await run_job_async(make_plan(fixed))
     assert result.completed == 2 and result.failed == 0
+
+
+async def test_a_dead_run_in_an_existing_folder_keeps_the_folder(tmp_path: Path) -> None:
+    run = tmp_path / "mine"
+    run.mkdir()
+    small = {"prompts": {"token_ids": [[1, 2, 3]]}, "chains_per_prompt": 1}
+    with emulation.EmulationServer("vllm", vocab_size=32, model_name="right") as server:
+        wrong = make_config(run, engines=[_engine(server.base_url, "wrong")], **small)
+        with pytest.raises(ProbeError, match="wrong"):
+            await run_job_async(make_plan(wrong))
+    assert run.is_dir() and list(run.iterdir()) == []
 
 
 def _write(tmp_path: Path, name: str, **changes: object) -> Path:
