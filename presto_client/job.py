@@ -30,6 +30,7 @@ from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreReq
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.job_config import (
     EmbeddedEngineConfig,
+    EngineConfig,
     HttpEngineConfig,
     JobConfig,
     Prompt,
@@ -271,6 +272,15 @@ class SimulatedLatencyEngine:
         await self.inner.aclose()
 
 
+def engine_eos_token_id(e: EngineConfig) -> int | None:
+    """The EOS at which an engine's responses are truncated: the config's, else the embedded
+    engine's own (SmolLM2's ``<|im_end|>``). The one place for every path that opens an engine
+    (started by presto, or handed in through ``engine_overrides``)."""
+    if e.eos_token_id is not None:
+        return e.eos_token_id
+    return SMOLLM2_EOS_TOKEN_ID if isinstance(e, EmbeddedEngineConfig) else None
+
+
 @dataclass(slots=True)
 class OpenEngine:
     """An engine of the job, opened: its replicas and what the orchestration needs to know."""
@@ -340,7 +350,6 @@ async def open_engines(
     opened: dict[str, OpenEngine] = {}
     for index, e in enumerate(cfg.engines):
         name = str(e.name)
-        eos: int | None
         if only is not None and name not in only:
             continue
         if isinstance(e, ReferenceEngineConfig):
@@ -353,7 +362,9 @@ async def open_engines(
             engine: Any = ReferenceEngine(model, top_k=e.top_k, name=name)
             if e.latency_s or e.token_latency_s:
                 engine = SimulatedLatencyEngine(engine, e.latency_s, e.token_latency_s)
-            opened[name] = OpenEngine(name, e.kind, [engine], e.max_concurrency, e.eos_token_id)
+            opened[name] = OpenEngine(
+                name, e.kind, [engine], e.max_concurrency, engine_eos_token_id(e)
+            )
             continue
         from backends import EngineSpec, create_engine
 
@@ -368,7 +379,6 @@ async def open_engines(
                 request_timeout_s=e.request_timeout_s,
                 name=name,
             )
-            eos = e.eos_token_id if e.eos_token_id is not None else SMOLLM2_EOS_TOKEN_ID
             do_probe = e.probe
         else:
             spec = EngineSpec(
@@ -386,12 +396,11 @@ async def open_engines(
                 name=name,
                 vocab_size=e.vocab_size,
             )
-            eos = e.eos_token_id
             do_probe = e.probe
         replicas = [create_engine(spec, i) for i in range(len(spec.base_urls))]
         for r in replicas:
             stack.push_async_callback(r.aclose)
-        handle = OpenEngine(name, e.kind, replicas, e.max_concurrency, eos)
+        handle = OpenEngine(name, e.kind, replicas, e.max_concurrency, engine_eos_token_id(e))
         if probe and do_probe:
             handle.probes = await probe_engine(handle)
         opened[name] = handle
@@ -627,7 +636,7 @@ async def _run_chains(
             if name in used:
                 e = next(x for x in cfg.engines if x.name == name)
                 engines[name] = OpenEngine(
-                    name, e.kind, list(replicas), e.max_concurrency, e.eos_token_id
+                    name, e.kind, list(replicas), e.max_concurrency, engine_eos_token_id(e)
                 )
         run.record_engine_identity(await _engine_identities(engines))
         check_lengths(plan, engines)  # before tokenizing: a clear error early
