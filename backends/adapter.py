@@ -9,8 +9,9 @@ Every parser returns the same normalised record, :class:`TokenLogprobs`: the tok
 logprob the engine returned for each (raw ``log p0`` or temperature-scaled ``log q_τ``, as the
 adapter's :attr:`Adapter.semantics` says), and the returned top-K, deduplicated by token id,
 sorted, cut to the K asked for and padded with ``-inf``. :func:`scored_from_raw` and
-:func:`scored_from_scaled` turn those records into :class:`~presto_client.engine.ScoredTokens`,
-always through :func:`presto_client.logprob_math.scores_from_topk`.
+:func:`scored_from_scaled` turn those records into
+:class:`~presto_client.core.engine_protocol.ScoredTokens`, always through
+:func:`presto_client.core.logprob_math.scores_from_topk`.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from backends.base import Capabilities, EngineSpec
-from presto_client.engine import (
+from presto_client.core.engine_protocol import (
     FloatArray,
     IntArray,
     ProposalRequest,
     ScoredTokens,
     ScoreSpec,
 )
+from presto_client.core.logprob_math import scores_from_topk
 from presto_client.errors import ConfigError, InvalidResponseError
-from presto_client.logprob_math import scores_from_topk
 
 RAW = "raw"
 SCALED = "scaled"

@@ -32,13 +32,14 @@ from backends.adapter import (
 from backends.base import Capabilities, EngineSpec, ProbeReport
 from backends.metrics import prefix_cache_metrics
 from backends.transport import Sleep, Transport
-from presto_client.engine import (
+from presto_client.core.engine_protocol import (
     FloatArray,
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
     ScoreSpec,
 )
+from presto_client.core.logprob_math import scores_from_topk
 from presto_client.errors import (
     EngineError,
     EngineRequestError,
@@ -46,7 +47,6 @@ from presto_client.errors import (
     InvalidResponseError,
     ProbeError,
 )
-from presto_client.logprob_math import scores_from_topk
 from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _label(request: ProposalRequest, index: int | None = None) -> str:
 
 
 class HttpEngine:
-    """:class:`~presto_client.engine.Engine` over one replica of an HTTP serving engine."""
+    """:class:`~presto_client.core.engine_protocol.Engine` over one replica of an HTTP server."""
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from backends.adapter import (
     topk_rows,
 )
 from backends.vllm import _parse_completion_logprobs
-from presto_client.engine import ProposalRequest
+from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 
 

@@ -37,7 +37,7 @@ from backends.adapter import (
     topk_from_flat,
     topk_rows,
 )
-from presto_client.engine import FloatArray, IntArray, ProposalRequest
+from presto_client.core.engine_protocol import FloatArray, IntArray, ProposalRequest
 from presto_client.errors import InvalidResponseError
 
 NEUTRAL_SAMPLING: dict[str, Any] = {

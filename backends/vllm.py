@@ -37,7 +37,7 @@ from backends.adapter import (
     topk_from_flat,
     topk_rows,
 )
-from presto_client.engine import ProposalRequest
+from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 
 PROCESSED = "processed"

@@ -61,7 +61,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
 
     import backends
     from backends import EngineSpec, create_engine
-    from presto_client.engine import ProposalRequest, ScoreSpec
+    from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 
     transport = None
     if args.impl == "after-httpx":

@@ -11,8 +11,8 @@ sequences, and throughput (transitions per second) with the mean chain latency.
     .venv/bin/python -m benchmarks.bench_stream --profile gpu --time-scale 0.5 --T 1024 --K 50
 
 Writes ``results.json``, ``results.md`` and ``speedup.png`` (speedup vs W / N_pf per arm) under
-``--out``. Arms whose traversal is not registered in ``presto_client.sampler_config.TRAVERSALS``
-are skipped with a note.
+``--out``. Arms whose traversal is not registered in
+``presto_client.core.sampler_config.TRAVERSALS`` are skipped with a note.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 
 from backends import EngineSpec, create_engine
-from presto_client.runners import ChainResult, run_chain
-from presto_client.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_ARMS = ("sequential", "bfs", "predictive", "crn", "stream")

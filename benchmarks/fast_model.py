@@ -1,6 +1,6 @@
 """A reference model whose rows cost O(1) per token, for timing runs of the latency server.
 
-:class:`~presto_client.reference.ReferenceModel` hashes the whole context for every row (its
+:class:`~presto_client.core.reference.ReferenceModel` hashes the whole context for every row (its
 logits depend on every token), which costs O(context) per generated token: at ``T = 1024`` the
 latency server's worker thread cannot keep up with a GPU-speed step clock on a 2-core machine,
 and the run then measures this machine's CPU instead of the cost model (``starved_share``).
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from presto_client.engine import FloatArray
-from presto_client.logprob_math import log_softmax
-from presto_client.reference import ReferenceModel
+from presto_client.core.engine_protocol import FloatArray
+from presto_client.core.logprob_math import log_softmax
+from presto_client.core.reference import ReferenceModel
 
 
 class WindowedReferenceModel(ReferenceModel):

@@ -73,7 +73,7 @@ from typing import Any
 from aiohttp import web
 
 from benchmarks.fast_model import WindowedReferenceModel
-from presto_client.engine import FloatArray
+from presto_client.core.engine_protocol import FloatArray
 from tests.support.emulation import BadRequest, EmulationServer
 
 logger = logging.getLogger(__name__)

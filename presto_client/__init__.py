@@ -6,13 +6,24 @@ The public Python API::
     result = await run_chain(engine, prompt_ids, SamplerConfig(sampler="power_mh"),
                              traversal="crn", n_pf=8, seed=0)
 
-``engine`` is any :class:`~presto_client.engine.Engine`: ``backends.create_engine(spec)`` for a
-vLLM/SGLang/OpenAI-compatible server, or :class:`ReferenceEngine` for the exact in-process model.
+``engine`` is any :class:`~presto_client.core.engine_protocol.Engine`:
+``backends.create_engine(spec)`` for a vLLM/SGLang/OpenAI-compatible server, or
+:class:`ReferenceEngine` for the exact in-process model.
 Batch jobs, run directories and engine comparisons are in :mod:`presto_client.job` and the
 ``presto`` command.
 """
 
-from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest, ScoreSpec
+from presto_client.core.engine_protocol import (
+    Engine,
+    ProposalRequest,
+    ScoredTokens,
+    ScoreRequest,
+    ScoreSpec,
+)
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.sampler_config import SAMPLERS, TRAVERSALS, SamplerConfig
+from presto_client.core.stats import ChainStats, RoundRecord, TransitionRecord
 from presto_client.errors import (
     ConfigError,
     EngineError,
@@ -22,10 +33,6 @@ from presto_client.errors import (
     PrestoError,
     ProbeError,
 )
-from presto_client.reference import ReferenceEngine, ReferenceModel
-from presto_client.runners import ChainResult, run_chain
-from presto_client.sampler_config import SAMPLERS, TRAVERSALS, SamplerConfig
-from presto_client.stats import ChainStats, RoundRecord, TransitionRecord
 
 __version__ = "0.1.0"
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError, PrestoError
 from presto_client.orchestrator import ChainOutcome, ChainSpec
-from presto_client.stats import RoundRecord
 from presto_client.urls import redact_text
 
 logger = logging.getLogger("presto_client.cli")

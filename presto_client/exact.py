@@ -1,6 +1,6 @@
 """Exact laws on enumerable states: the ground truth of the exactness tests.
 
-For a :class:`~presto_client.reference.ReferenceModel` with a tiny vocabulary and short
+For a :class:`~presto_client.core.reference.ReferenceModel` with a tiny vocabulary and short
 responses, every state can be listed, so the one-step transition matrix of each sampler, the
 target ``π_α`` and the exact law of the chain after ``K`` transitions can be computed. The
 matrices are built from the production kernels' own ``log A`` (and MultiTryMH weights), with
@@ -16,13 +16,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from presto_client.engine import FloatArray, ScoredTokens, ScoreSpec
-from presto_client.kernels import Kernel, MultiTryMH, make_kernel
-from presto_client.logprob_math import exact_scores
-from presto_client.reference import ReferenceModel
-from presto_client.rng import TransitionDraws
-from presto_client.sampler_config import SamplerConfig
-from presto_client.state import ChainState
+from presto_client.core.engine_protocol import FloatArray, ScoredTokens, ScoreSpec
+from presto_client.core.kernels import Kernel, MultiTryMH, make_kernel
+from presto_client.core.logprob_math import exact_scores
+from presto_client.core.reference import ReferenceModel
+from presto_client.core.rng import TransitionDraws
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.state import ChainState
 
 _NEUTRAL_DRAWS = TransitionDraws(0.0, (0,), (0,), 0.5, 0.5)
 

@@ -26,7 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.sampler_config import ARM_TRAVERSALS, SamplerConfig
+from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.job_config import (
     EmbeddedEngineConfig,
@@ -49,11 +52,8 @@ from presto_client.orchestrator import (
 )
 from presto_client.prompt_tokens import decode, encode
 from presto_client.quality import ChainGrader, make_chain_grader
-from presto_client.reference import ReferenceEngine, ReferenceModel
 from presto_client.report import summarize, summary_rows
 from presto_client.rundir import RunDir, check_output_dir, finished_ok, read_jsonl
-from presto_client.sampler_config import ARM_TRAVERSALS, SamplerConfig
-from presto_client.stats import RoundRecord
 from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)

@@ -36,15 +36,15 @@ from pydantic import (
 )
 
 from backends.base import DEFAULT_RESTART_WINDOW_S
-from presto_client.errors import ConfigError
-from presto_client.grading import GraderConfig
-from presto_client.sampler_config import (
+from presto_client.core.sampler_config import (
     ARM_TRAVERSALS,
     MAX_ALPHA,
     MIN_TAU,
     SAMPLERS,
     SamplerConfig,
 )
+from presto_client.errors import ConfigError
+from presto_client.grading import GraderConfig
 from presto_client.urls import redact_url, split_userinfo
 
 HTTP_KINDS: tuple[str, ...] = ("vllm", "sglang", "openai")

@@ -14,7 +14,8 @@ with :class:`JobFailedError`. Cancellation (Ctrl-C) stops every chain, lets the 
 finished, and is re-raised: it is never swallowed.
 
 This layer knows no serving dialect: it sees engines only through
-:class:`~presto_client.engine.Engine`. What to persist is up to the :class:`ChainSink`.
+:class:`~presto_client.core.engine_protocol.Engine`. What to persist is up to the
+:class:`ChainSink`.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from presto_client.engine import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.stats import RoundRecord
 from presto_client.errors import PrestoError
-from presto_client.runners import ChainResult, run_chain
-from presto_client.sampler_config import SamplerConfig
-from presto_client.stats import RoundRecord
 from presto_client.urls import redact_text
 
 logger = logging.getLogger(__name__)

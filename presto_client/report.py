@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from presto_client.core.sampler_config import BASELINE_TRAVERSALS, TRAVERSALS
 from presto_client.errors import PrestoError
 from presto_client.rundir import RunDir, iter_chain_records, latest_by_chain
-from presto_client.sampler_config import BASELINE_TRAVERSALS, TRAVERSALS
 
 logger = logging.getLogger(__name__)
 

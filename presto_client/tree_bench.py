@@ -12,9 +12,9 @@ import argparse
 import asyncio
 from dataclasses import dataclass
 
-from presto_client.reference import ReferenceEngine, ReferenceModel
-from presto_client.runners import run_chain
-from presto_client.sampler_config import SAMPLERS, SamplerConfig
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.runners import run_chain
+from presto_client.core.sampler_config import SAMPLERS, SamplerConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,19 @@ import pytest
 from backend_helpers import FIXTURES, make_engine
 
 from backends.http_engine import HttpEngine
-from presto_client.engine import ProposalRequest, ScoredTokens, ScoreRequest, ScoreSpec
+from presto_client.core.engine_protocol import (
+    ProposalRequest,
+    ScoredTokens,
+    ScoreRequest,
+    ScoreSpec,
+)
+from presto_client.core.logprob_math import exact_scores
 from presto_client.errors import (
     EngineRequestError,
     EngineUnavailableError,
     InvalidResponseError,
     ProbeError,
 )
-from presto_client.logprob_math import exact_scores
 from tests.support.emulation import EmulationServer
 
 SPEC = ScoreSpec((0.25, 0.5, 1.0), entropy=True)

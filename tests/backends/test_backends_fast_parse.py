@@ -215,7 +215,7 @@ def _events(rng: random.Random, sizes: list[int]) -> list[dict[str, Any]]:
 def test_vllm_stream_events_of_one_read_are_one_chunk() -> None:
     from backends import EngineSpec
     from backends.vllm import VllmAdapter
-    from presto_client.engine import ProposalRequest, ScoreSpec
+    from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 
     adapter = VllmAdapter(EngineSpec("vllm", ("http://x",), top_k=K))
     req = ProposalRequest((1, 2), 9, 0.25, 1, ScoreSpec((1.0,)))

@@ -25,10 +25,10 @@ from backends.metrics import parse_prometheus, prefix_cache_metrics
 from backends.openai_compat import OpenAICompatAdapter
 from backends.sglang import SglangAdapter
 from backends.vllm import VllmAdapter
-from presto_client.engine import ProposalRequest, ScoreSpec
+from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
+from presto_client.core.logprob_math import exact_scores
+from presto_client.core.reference import ReferenceModel
 from presto_client.errors import ConfigError, InvalidResponseError
-from presto_client.logprob_math import exact_scores
-from presto_client.reference import ReferenceModel
 
 SPEC = ScoreSpec((0.25, 0.5, 1.0), entropy=True)
 

@@ -7,7 +7,7 @@ from backends import EngineSpec, available_backends, create_engine, register_bac
 from backends.base import Capabilities
 from backends.openai_compat import OpenAICompatAdapter
 from backends.registry import adapter_class
-from presto_client.engine import Engine
+from presto_client.core.engine_protocol import Engine
 from presto_client.errors import ConfigError
 
 

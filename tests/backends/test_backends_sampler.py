@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from backend_helpers import make_engine
 
-from presto_client.runners import run_chain
-from presto_client.sampler_config import SamplerConfig
+from presto_client.core.runners import run_chain
+from presto_client.core.sampler_config import SamplerConfig
 from tests.support.emulation import EmulationServer
 
 PROMPT = (1, 2, 3, 4)

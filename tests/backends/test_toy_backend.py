@@ -16,7 +16,7 @@ import pytest
 
 import backends.registry
 from backends import EngineSpec, available_backends, create_engine, register_backend
-from presto_client.engine import ProposalRequest, ScoreSpec
+from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import ConfigError
 from tests.support.toy_backend import ToyAdapter
 

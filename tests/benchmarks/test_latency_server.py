@@ -14,7 +14,7 @@ import pytest
 
 from backends import EngineSpec, create_engine
 from benchmarks.latency_server import CostProfile, LatencyServer, ServerThread
-from presto_client.engine import ProposalRequest, ScoreSpec
+from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from tests.support.emulation import EmulationServer
 
 # 2 ms per step, nearly flat in the batch (the gpu profile's shape), no prefill cost.

@@ -12,11 +12,11 @@ import itertools
 import numpy as np
 import pytest
 
-from presto_client.baseline_runners import baseline_temperature
-from presto_client.logprob_math import log_softmax
-from presto_client.reference import ReferenceEngine, ReferenceModel
-from presto_client.runners import run_chain
-from presto_client.sampler_config import SamplerConfig
+from presto_client.core.baseline_runners import baseline_temperature
+from presto_client.core.logprob_math import log_softmax
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.runners import run_chain
+from presto_client.core.sampler_config import SamplerConfig
 
 VOCAB = 3
 PROMPT = (1, 2)

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from presto_client import exact
-from presto_client.kernels import EntropyCut, MultiTryMH, PowerMH
-from presto_client.reference import ReferenceEngine, ReferenceModel
-from presto_client.runners import PrestoRunner, run_chain
-from presto_client.sampler_config import TRAVERSALS, SamplerConfig
-from presto_client.stream_runner import StreamRunner
+from presto_client.core.kernels import EntropyCut, MultiTryMH, PowerMH
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.runners import PrestoRunner, run_chain
+from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.core.stream_runner import StreamRunner
 
 PROMPT = (0,)
 P_THRESHOLD = 1e-4

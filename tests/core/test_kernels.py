@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from presto_client.engine import ScoredTokens
+from presto_client.core.engine_protocol import ScoredTokens
+from presto_client.core.kernels import EntropyCut, MultiTryMH, PowerMH
+from presto_client.core.logprob_math import exact_scores, log_softmax, scores_from_topk
+from presto_client.core.rng import TransitionDraws
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.state import ChainState
 from presto_client.errors import InvalidResponseError
-from presto_client.kernels import EntropyCut, MultiTryMH, PowerMH
-from presto_client.logprob_math import exact_scores, log_softmax, scores_from_topk
-from presto_client.rng import TransitionDraws
-from presto_client.sampler_config import SamplerConfig
-from presto_client.state import ChainState
 
 
 def _random_scores(

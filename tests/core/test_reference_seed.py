@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from presto_client.reference import ReferenceModel
+from presto_client.core.reference import ReferenceModel
 
 
 @pytest.mark.parametrize("seed", [0, 5, 2**32 - 1, 2**40, 2**200])

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from presto_client.reference import ReferenceEngine, ReferenceModel
-from presto_client.runners import ChainResult, run_chain
-from presto_client.sampler_config import SamplerConfig
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.sampler_config import SamplerConfig
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
 

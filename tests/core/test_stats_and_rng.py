@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from presto_client.reference import ReferenceEngine, ReferenceModel
-from presto_client.rng import ChainRandomness, chain_seeds
-from presto_client.runners import run_chain
-from presto_client.sampler_config import SamplerConfig
-from presto_client.stats import RoundRecord
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.rng import ChainRandomness, chain_seeds
+from presto_client.core.runners import run_chain
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.stats import RoundRecord
 
 
 @pytest.mark.parametrize("traversal", ["sequential", "bfs", "predictive", "crn", "stream"])

@@ -15,16 +15,16 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
-from presto_client.engine import ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.kernels import Kernel, RejectionBound, _SuffixBound, make_kernel
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.rng import ChainRandomness
+from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
+from presto_client.core.state import ChainState
+from presto_client.core.stream_runner import StreamRunner
 from presto_client.errors import EngineRequestError, EngineUnavailableError
-from presto_client.kernels import Kernel, RejectionBound, _SuffixBound, make_kernel
-from presto_client.reference import ReferenceEngine, ReferenceModel
-from presto_client.rng import ChainRandomness
-from presto_client.runners import ChainResult, run_chain
-from presto_client.sampler_config import SamplerConfig
-from presto_client.speculation import MIN_OBSERVATIONS, SpeculationBudget
-from presto_client.state import ChainState
-from presto_client.stream_runner import StreamRunner
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
 

@@ -7,13 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from presto_client.engine import ScoredTokens
-from presto_client.kernels import make_kernel
-from presto_client.predictor import CertaintyPredictor
-from presto_client.rng import ChainRandomness
-from presto_client.sampler_config import SamplerConfig
-from presto_client.state import ChainState
-from presto_client.tree import PlanContext, plan_bfs, plan_crn, plan_predictive
+from presto_client.core.engine_protocol import ScoredTokens
+from presto_client.core.kernels import make_kernel
+from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.rng import ChainRandomness
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.state import ChainState
+from presto_client.core.tree import PlanContext, plan_bfs, plan_crn, plan_predictive
 
 T = 10
 

@@ -10,8 +10,8 @@ import pytest
 
 from backends import EngineSpec, create_engine
 from backends.http_engine import HttpEngine
+from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.embedded import SERVED_MODEL_NAME
-from presto_client.engine import ProposalRequest, ScoreSpec
 
 pytestmark = pytest.mark.embedded
 

@@ -16,10 +16,10 @@ from vllm_servers import VllmServer
 
 from backends import EngineSpec, create_engine
 from backends.http_engine import HttpEngine
-from presto_client.engine import ProposalRequest, ScoreRequest, ScoreSpec
+from presto_client.core.engine_protocol import ProposalRequest, ScoreRequest, ScoreSpec
+from presto_client.core.runners import run_chain
+from presto_client.core.sampler_config import SamplerConfig
 from presto_client.errors import EngineRequestError, ProbeError
-from presto_client.runners import run_chain
-from presto_client.sampler_config import SamplerConfig
 
 pytestmark = pytest.mark.vllm
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from orch_helpers import make_config, reference_engine
 
+from presto_client.core.stats import RoundRecord
 from presto_client.job import make_plan, run_job_async
 from presto_client.orchestrator import ChainOutcome, ChainSpec
-from presto_client.stats import RoundRecord
 
 
 class SeenEos:

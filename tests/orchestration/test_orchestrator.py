@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from orch_helpers import PROMPTS, CountingEngine, reference_engine, wait_until
 
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.stats import RoundRecord
 from presto_client.orchestrator import (
     ChainOutcome,
     ChainSpec,
@@ -19,8 +21,6 @@ from presto_client.orchestrator import (
     Orchestrator,
     gather_or_fail,
 )
-from presto_client.sampler_config import SamplerConfig
-from presto_client.stats import RoundRecord
 
 SAMPLER = SamplerConfig(alpha=4.0, block_size=8, num_blocks=1, steps_per_block=6)
 
@@ -161,7 +161,7 @@ async def test_limited_engine_splits_batches_and_counts_queueing() -> None:
     inner = CountingEngine(reference_engine(), delay_s=0.01)
     slots = FifoSemaphore(2)
     view = LimitedEngine(inner, slots, FifoSemaphore(10))
-    from presto_client.engine import ProposalRequest, ScoreSpec
+    from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 
     reqs = [ProposalRequest((1, 2), 4, 0.25, seed, ScoreSpec((0.25,))) for seed in range(6)]
     out = await view.generate(reqs)

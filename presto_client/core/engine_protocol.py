@@ -6,7 +6,7 @@ A request asks for a proposal: ``num_tokens`` tokens sampled at ``temperature`` 
 EntropyCut) the base entropy of each position. Engines that only see top-K raw logprobs return
 ``log q_τ`` as a *certified interval* ``[lo, hi]``; exact engines return ``lo == hi``.
 
-Backends implement this over HTTP; :mod:`presto_client.reference` implements it in-process.
+Backends implement this over HTTP; :mod:`presto_client.core.reference` implements it in-process.
 """
 
 from __future__ import annotations

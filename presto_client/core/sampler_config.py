@@ -18,7 +18,7 @@ MIN_TAU = 1.0 / MAX_ALPHA
 SAMPLERS: tuple[str, ...] = ("power_mh", "entropy_cut", "multi_try_mh")
 TRAVERSALS: tuple[str, ...] = ("sequential", "bfs", "predictive", "crn", "stream")
 BASELINE_TRAVERSALS: tuple[str, ...] = ("sample", "low_temperature", "greedy")
-"""Arms without MH (presto_client.baseline_runners): plain, τ = 1/α and greedy sampling."""
+"""Arms without MH (presto_client.core.baseline_runners): plain, τ = 1/α and greedy sampling."""
 ARM_TRAVERSALS: tuple[str, ...] = TRAVERSALS + BASELINE_TRAVERSALS
 """Everything an arm may run: the MH traversals and the baselines."""
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from presto_client.engine import FloatArray, ProposalRequest, ScoredTokens, ScoreSpec
+from presto_client.core.engine_protocol import FloatArray, ProposalRequest, ScoredTokens, ScoreSpec
+from presto_client.core.rng import TransitionDraws
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.state import ChainState
 from presto_client.errors import InvalidResponseError
-from presto_client.rng import TransitionDraws
-from presto_client.sampler_config import SamplerConfig
-from presto_client.state import ChainState
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ flight, each with that transition's own draws and each requested from the freshe
 when it was issued. The walk takes transitions in order:
 
 * transition ``m`` is decided as soon as its proposal has fully arrived, or earlier when the
-  kernel's :class:`~presto_client.kernels.RejectionBound` shows that it is certainly rejected
+  kernel's :class:`~presto_client.core.kernels.RejectionBound` shows that it is certainly rejected
   (its stream is then closed: early rejection, method §5);
 * a proposal issued from state ``S`` is usable at ``m`` iff the walk's state still has ``S``'s
   tokens before its cut (for EntropyCut the cut must also be the one the realised state's law
@@ -21,7 +21,7 @@ when it was issued. The walk takes transitions in order:
 
 Every decision is the kernel's (``kernels.py``), against the state the walk holds. How many of the
 ``W`` proposals are in flight at once is set by the engine's shared
-:class:`~presto_client.speculation.SpeculationBudget`; it changes the speed, never the chain.
+:class:`~presto_client.core.speculation.SpeculationBudget`; it changes the speed, never the chain.
 
 Statistics: a *call* of this traversal is a wait of the walk on the engine together with the
 transitions decided after it without waiting (one ``stream`` record each; ``call_wall_s`` is the
@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from presto_client.engine import Engine, ProposalRequest, ScoredTokens
+from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens
+from presto_client.core.kernels import RejectionBound, Verdict
+from presto_client.core.rng import TransitionDraws
+from presto_client.core.runners import ChainResult, RoundCallback, _Runner
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.speculation import SpeculationBudget
+from presto_client.core.state import ChainState
 from presto_client.errors import EngineError, InvalidResponseError
-from presto_client.kernels import RejectionBound, Verdict
-from presto_client.rng import TransitionDraws
-from presto_client.runners import ChainResult, RoundCallback, _Runner
-from presto_client.sampler_config import SamplerConfig
-from presto_client.speculation import SpeculationBudget
-from presto_client.state import ChainState
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from presto_client.engine import ScoredTokens
+from presto_client.core.engine_protocol import ScoredTokens
 
 RoundKind = Literal["extend", "propose", "tighten", "stream"]
 """``stream``: one record per transition of the ``stream`` traversal (requests issued since the

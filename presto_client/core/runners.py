@@ -6,8 +6,8 @@
   the realised path with the original MH rule. Every ``log A`` is computed during the walk against
   the state the walk actually holds at that node, never against the round's root.
 
-Both take the transition draws from :class:`~presto_client.rng.ChainRandomness` and decisions
-from :mod:`presto_client.kernels`, so ``sequential`` and ``crn`` replay the same chain.
+Both take the transition draws from :class:`~presto_client.core.rng.ChainRandomness` and decisions
+from :mod:`presto_client.core.kernels`, so ``sequential`` and ``crn`` replay the same chain.
 """
 
 from __future__ import annotations
@@ -18,27 +18,27 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from presto_client.engine import (
+from presto_client.core.engine_protocol import (
     ConcurrencyBounded,
     Engine,
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
 )
-from presto_client.errors import InvalidResponseError
-from presto_client.kernels import Kernel, Verdict, make_kernel
-from presto_client.predictor import CertaintyPredictor
-from presto_client.rng import ChainRandomness, TransitionDraws
-from presto_client.sampler_config import (
+from presto_client.core.kernels import Kernel, Verdict, make_kernel
+from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.rng import ChainRandomness, TransitionDraws
+from presto_client.core.sampler_config import (
     ARM_TRAVERSALS,
     BASELINE_TRAVERSALS,
     TRAVERSALS,
     SamplerConfig,
 )
-from presto_client.speculation import SpeculationBudget, budget_for
-from presto_client.state import ChainState
-from presto_client.stats import ChainStats, RoundKind, RoundRecord, TransitionRecord
-from presto_client.tree import TRAVERSAL_RULES, PlanContext, PlannedProposal, RoundPlan
+from presto_client.core.speculation import SpeculationBudget, budget_for
+from presto_client.core.state import ChainState
+from presto_client.core.stats import ChainStats, RoundKind, RoundRecord, TransitionRecord
+from presto_client.core.tree import TRAVERSAL_RULES, PlanContext, PlannedProposal, RoundPlan
+from presto_client.errors import InvalidResponseError
 
 logger = logging.getLogger(__name__)
 
@@ -476,7 +476,7 @@ async def run_chain(
     proposals in flight) of ``stream``.
     """
     if traversal in BASELINE_TRAVERSALS:  # no MH: one plain sample (issue 11)
-        from presto_client.baseline_runners import BaselineRunner  # it imports this module
+        from presto_client.core.baseline_runners import BaselineRunner  # it imports this module
 
         return await BaselineRunner(engine, sampler, seed, on_round, traversal=traversal).run(
             prompt_ids
@@ -484,14 +484,14 @@ async def run_chain(
     if traversal not in TRAVERSALS:
         raise ValueError(f"unknown traversal {traversal!r}; valid traversals are {ARM_TRAVERSALS}")
     runner: _Runner
-    # Chains that share an engine share one speculation budget (presto_client.speculation).
+    # Chains that share an engine share one speculation budget (presto_client.core.speculation).
     capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
     budget = budget_for(engine, capacity)
     if traversal == "sequential":
         runner = SequentialRunner(engine, sampler, seed, on_round, budget=budget)
     else:
         if traversal == "stream":
-            from presto_client.stream_runner import StreamRunner  # it imports this module
+            from presto_client.core.stream_runner import StreamRunner  # it imports this module
 
             runner = StreamRunner(engine, sampler, seed, on_round, window=n_pf, budget=budget)
         else:

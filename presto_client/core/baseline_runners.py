@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from presto_client.engine import Engine, ProposalRequest
-from presto_client.runners import ChainResult, RoundCallback, _Runner
-from presto_client.sampler_config import BASELINE_TRAVERSALS, SamplerConfig
-from presto_client.state import ChainState
+from presto_client.core.engine_protocol import Engine, ProposalRequest
+from presto_client.core.runners import ChainResult, RoundCallback, _Runner
+from presto_client.core.sampler_config import BASELINE_TRAVERSALS, SamplerConfig
+from presto_client.core.state import ChainState
 
 
 def baseline_temperature(traversal: str, sampler: SamplerConfig) -> float:

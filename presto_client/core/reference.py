@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
-from presto_client.engine import (
+from presto_client.core.engine_protocol import (
     FloatArray,
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
     ScoreSpec,
 )
-from presto_client.logprob_math import exact_scores, log_softmax, scores_from_topk
+from presto_client.core.logprob_math import exact_scores, log_softmax, scores_from_topk
 
 
 class ReferenceModel:
@@ -137,7 +137,7 @@ class ReferenceModel:
 
 
 class ReferenceEngine:
-    """:class:`~presto_client.engine.Engine` over a :class:`ReferenceModel`, in-process.
+    """The :class:`~presto_client.core.engine_protocol.Engine` of a :class:`ReferenceModel`.
 
     With ``top_k`` set it behaves like a one-call HTTP engine that only returns the raw top-K
     logprobs: ``log q`` comes back as a certified interval, and :meth:`score` tightens it.

@@ -18,11 +18,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from presto_client.engine import ProposalRequest, ScoredTokens
-from presto_client.kernels import Kernel
-from presto_client.predictor import CertaintyPredictor
-from presto_client.rng import ChainRandomness, TransitionDraws
-from presto_client.state import ChainState
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
+from presto_client.core.kernels import Kernel
+from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.rng import ChainRandomness, TransitionDraws
+from presto_client.core.state import ChainState
 
 Path = tuple[bool, ...]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from presto_client.engine import ScoredTokens
+from presto_client.core.engine_protocol import ScoredTokens
 
 
 @dataclass(frozen=True, slots=True)
