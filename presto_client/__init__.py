@@ -8,9 +8,8 @@ The public Python API::
 
 ``engine`` is any :class:`~presto_client.core.engine_protocol.Engine`:
 ``backends.create_engine(spec)`` for a vLLM/SGLang/OpenAI-compatible server, or
-:class:`ReferenceEngine` for the exact in-process model.
-Batch jobs, run directories and engine comparisons are in :mod:`presto_client.job` and the
-``presto`` command.
+:class:`ReferenceEngine` for the exact in-process model. Batch jobs, run directories and engine
+comparisons are in :mod:`presto_client.orchestration` and the ``presto`` command.
 """
 
 from presto_client.core.engine_protocol import (

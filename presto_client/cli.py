@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError, PrestoError
-from presto_client.orchestrator import ChainOutcome, ChainSpec
+from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
 from presto_client.urls import redact_text
 
 logger = logging.getLogger("presto_client.cli")
@@ -239,9 +239,9 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
 
 class ProgressBar:
     """Progress of a job in Metropolis–Hastings transitions (a
-    :class:`~presto_client.orchestrator.ChainSink`): on a terminal a tqdm bar with the current
-    arm, the rate and the ETA, kept at the end; elsewhere (a log file, CI) one plain line every
-    ``every_s`` seconds and at the end."""
+    :class:`~presto_client.orchestration.orchestrator.ChainSink`): on a terminal a tqdm bar with
+    the current arm, the rate and the ETA, kept at the end; elsewhere (a log file, CI) one plain
+    line every ``every_s`` seconds and at the end."""
 
     def __init__(
         self,
@@ -412,7 +412,7 @@ def _split_list(value: str | None) -> list[str] | None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from presto_client.job_config import load_job_config
+    from presto_client.orchestration.config import load_job_config
 
     overrides = list(args.overrides)
     if getattr(args, "output", None):
@@ -430,7 +430,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
-    from presto_client.job import run_job
+    from presto_client.orchestration.job import run_job
 
     sampler = plan.config.sampler
     progress = ProgressBar(
@@ -453,7 +453,7 @@ def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
             return run_job(plan, sinks=[progress], probe=not args.no_probe, on_start=on_start)
     except KeyboardInterrupt:
         progress.close()
-        from presto_client.rundir import RunDir, finished_ok
+        from presto_client.orchestration.rundir import RunDir, finished_ok
 
         done = len(finished_ok(RunDir(plan.output_dir).samples()))
         terminated = received.get("signal") == signal.SIGTERM
@@ -490,8 +490,8 @@ def _exit_status(result: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.job import make_plan
-    from presto_client.report import format_summary_table
+    from presto_client.orchestration.job import make_plan
+    from presto_client.orchestration.summary import format_summary_table
 
     cfg = _load(args)
     plan = make_plan(cfg)
@@ -503,8 +503,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.compare import check_baseline, compare_plan, format_comparison
-    from presto_client.rundir import RunDir
+    from presto_client.orchestration.rundir import RunDir
+    from presto_client.reporting.compare import check_baseline, compare_plan, format_comparison
 
     cfg = _load(args)
     plan = compare_plan(
@@ -523,14 +523,14 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.report import (
+    from presto_client.orchestration.rundir import RunDir
+    from presto_client.orchestration.summary import (
         format_speedup_per_prompt,
         format_summary_table,
         render_table,
         summarize_run,
         write_plots,
     )
-    from presto_client.rundir import RunDir
 
     combined: list[list[str]] = []
     for i, d in enumerate(args.run_dirs):
@@ -582,8 +582,8 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.job import describe_plan, make_plan
-    from presto_client.rundir import RunDir
+    from presto_client.orchestration.job import describe_plan, make_plan
+    from presto_client.orchestration.rundir import RunDir
 
     cfg = _load(args)
     plan = make_plan(cfg)
@@ -593,7 +593,11 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     print(f"{args.config}: valid", file=out)
     print(describe_plan(plan, finished=len(done)), file=out)
     if args.probe:
-        from presto_client.job import check_lengths, open_engines, start_embedded_servers
+        from presto_client.orchestration.job import (
+            check_lengths,
+            open_engines,
+            start_embedded_servers,
+        )
 
         async def probe_all() -> list[str]:
             lines: list[str] = []

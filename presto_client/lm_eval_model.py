@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from presto_client.job import make_plan, run_job
-from presto_client.job_config import JobConfig, Prompt, load_job_config
-from presto_client.rundir import RunDir
+from presto_client.orchestration.config import JobConfig, Prompt, load_job_config
+from presto_client.orchestration.job import make_plan, run_job
+from presto_client.orchestration.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from :mod:`presto_client.core.kernels`, so ``sequential`` and ``crn`` replay the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -338,6 +339,25 @@ class PrestoRunner(_Runner):
         extra = min(self.n_pf - 1, self.budget.available() // per)
         return 1 + max(extra, 0)
 
+    def _sized(self, plan: RoundPlan) -> RoundPlan:
+        """Keep the prefix of the plan that maximises expected transitions per second.
+
+        Only plans whose proposals carry predicted reach probabilities (``predictive``: selected
+        best-first by reach, so every prefix is a subtree, the best of its size) can be sized
+        by value; the others keep what the budget allowed. Never changes a decision: which
+        proposals are prefetched only changes where the next round starts.
+        """
+        if plan.per_depth or len(plan.proposals) <= 1:
+            return plan
+        reach = [p.reach for p in plan.proposals]
+        if all(r == 1.0 for r in reach):
+            return plan  # no predicted values (bfs)
+        expected = list(itertools.accumulate(reach))
+        m = self.budget.best_size(expected, self.kernel.sequences_per_proposal)
+        if m == len(plan.proposals):
+            return plan
+        return RoundPlan(plan.proposals[:m], per_depth=False)
+
     async def _advance(self, root: ChainState, block: int, k: int) -> tuple[ChainState, int]:
         ctx = PlanContext(
             self.kernel,
@@ -348,7 +368,7 @@ class PrestoRunner(_Runner):
             self.config.steps_per_block - k,
             self.predictor,
         )
-        plan = self.rule(ctx, self._round_size())
+        plan = self._sized(self.rule(ctx, self._round_size()))
         requests = plan.requests()
         per = self.kernel.sequences_per_proposal
         speculative = (len(plan.proposals) - 1) * per

@@ -112,6 +112,32 @@ class SpeculationBudget:
         base = max(a + b * max(self.heads, 1), 1e-12)
         return self.tolerance * base / b
 
+    def best_size(self, expected: list[float], per: int = 1) -> int:
+        """The number of proposals ``m`` (1 ≤ m ≤ ``len(expected)``) that maximises a round's
+        expected transitions per second, ``expected[m−1] / step(others + m·per)``.
+
+        ``expected[m−1]`` is the expected number of transitions a round of its first ``m``
+        proposals completes (1 for the root alone: the sequential chain). A round lasts about as
+        many decode steps whatever its size, each costing ``step(n) = a + b·n`` with ``n`` the
+        sequences in flight on the engine, so on a compute-bound engine (a CPU: ``b`` large
+        against ``a``) extra proposals must each be likely to be used to pay for themselves,
+        and the round shrinks towards the sequential chain's; on a flat (latency-bound) engine,
+        or before the cost is measured, every proposal is kept.
+        """
+        if not expected:
+            raise ValueError("expected must not be empty")
+        fit = self._fit.coefficients() if self.adaptive else None
+        if fit is None or fit[1] <= 0:
+            return len(expected)
+        a, b = fit
+        others = self.in_flight
+        best, best_rate = 1, -math.inf
+        for m, e in enumerate(expected, start=1):
+            rate = e / max(a + b * (others + m * per), 1e-12)
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = m, rate
+        return best
+
     def available(self) -> int:
         """How many more speculative sequences may start now."""
         room = math.inf if self.capacity is None else self.capacity - self.in_flight

@@ -10,7 +10,7 @@ import pytest
 from backends.base import EngineSpec
 from backends.transport import DEFAULT_RESTART_WINDOW_S, Transport
 from presto_client.errors import EngineRequestError, EngineUnavailableError
-from presto_client.job_config import HttpEngineConfig
+from presto_client.orchestration.config import HttpEngineConfig
 
 
 def _transport(handler: object, sleeps: list[float], **kw: object) -> Transport:

@@ -335,6 +335,58 @@ async def test_a_spent_budget_makes_the_stream_chain_sequential() -> None:
     assert result.stats.requests_cancelled == 0
 
 
+def _fitted_budget(a: float, b: float) -> SpeculationBudget:
+    budget = SpeculationBudget(None)
+    for i in range(4 * MIN_OBSERVATIONS):
+        n = 1 + i % 8
+        budget.observe(1, a + b * n, n)
+    return budget
+
+
+def test_best_size_maximises_expected_transitions_per_second() -> None:
+    expected = [1.0, 1.6, 2.0, 2.3, 2.5]  # a predictive round's cumulative reach
+    # Unmeasured, or a flat (latency-bound) engine: every proposal is worth its step.
+    assert SpeculationBudget(None).best_size(expected) == 5
+    assert _fitted_budget(0.007, 0.0).best_size(expected) == 5
+    # Compute-bound: each sequence costs as much as the step's fixed part. Rates 1/2, 1.6/3,
+    # 2/4, 2.3/5, 2.5/6: two proposals are best.
+    assert _fitted_budget(0.01, 0.01).best_size(expected) == 2
+    # So steep that no extra proposal pays for itself: the sequential chain's single request.
+    assert _fitted_budget(0.001, 0.01).best_size(expected) == 1
+    # With other chains' sequences in flight one more costs relatively less: larger rounds.
+    busy = _fitted_budget(0.01, 0.01)
+    busy.add_head(6)
+    # rates e/(a + b·(6 + m)): 1/8, 1.6/9, 2/10, 2.3/11, 2.5/12 -> four proposals
+    assert busy.best_size(expected) == 4
+
+
+async def test_a_steep_engine_shrinks_predictive_rounds_to_the_sequential_chain() -> None:
+    from presto_client.core.runners import PrestoRunner
+
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=8, steps_per_block=12)
+    engine = ReferenceEngine(model)
+    baseline = await run_chain(engine, [1], config, traversal="sequential", seed=2)
+    free = PrestoRunner(engine, config, 2, None, traversal="predictive", n_pf=8)
+    steep = PrestoRunner(
+        engine,
+        config,
+        2,
+        None,
+        traversal="predictive",
+        n_pf=8,
+        budget=_fitted_budget(0.001, 0.01),
+    )
+    unbounded = await free.run([1])
+    sized = await steep.run([1])
+    assert unbounded.stats.requests_issued > 12  # rounds of up to 8 proposals
+    assert sized.stats.requests_issued == 12 == sized.stats.rounds  # one proposal per round
+    # Sizing never touches a decision: the chain stays a valid chain of the same length, and
+    # with the same node draws on every root it is the sequential chain's law (tested in
+    # test_exact_law); here both runs finish every transition.
+    assert len(sized.transitions) == len(unbounded.transitions) == len(baseline.transitions)
+
+
 # ---- the round-based rules walk as results arrive
 
 

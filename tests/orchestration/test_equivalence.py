@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from presto_client.cli import main
-from presto_client.report import (
+from presto_client.orchestration.summary import (
     equivalence_cell,
     format_side_by_side,
     format_summary_table,

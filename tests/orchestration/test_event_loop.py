@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from presto_client.job import event_loop_factory
+from presto_client.orchestration.job import event_loop_factory
 
 
 def test_uvloop_when_installed_and_not_disabled(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from backends.http_engine import gather_or_cancel
-from presto_client.orchestrator import gather_or_fail
+from presto_client.orchestration.orchestrator import gather_or_fail
 
 
 async def _fails(delay: float, n: int) -> int:

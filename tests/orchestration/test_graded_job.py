@@ -11,10 +11,10 @@ import pytest
 from orch_helpers import PROMPTS, make_config
 
 from presto_client.errors import ConfigError
-from presto_client.eval_stats import pass_at_k
-from presto_client.job import make_plan, run_job_async
-from presto_client.job_config import load_job_config, load_prompts
-from presto_client.report import format_summary_table
+from presto_client.orchestration.config import load_job_config, load_prompts
+from presto_client.orchestration.eval_stats import pass_at_k
+from presto_client.orchestration.job import make_plan, run_job_async
+from presto_client.orchestration.summary import format_summary_table
 
 ANSWERS = ["4", "0", "1", "2"]  # the first two match the first token these chains draw
 
@@ -173,7 +173,7 @@ def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
     assert {"sequential", "greedy", "low_temperature"} <= set(cfg.sampler.traversals)
     prompts = load_prompts(cfg)
     assert len(prompts) == 40 and all(p.answer is not None for p in prompts)
-    from presto_client.grading import build_grader
+    from presto_client.orchestration.grading import build_grader
 
     grader = build_grader(cfg.grader)
     for p in prompts:
@@ -184,8 +184,8 @@ def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
 
 async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from presto_client.report import write_plots
-    from presto_client.rundir import RunDir
+    from presto_client.orchestration.rundir import RunDir
+    from presto_client.orchestration.summary import write_plots
 
     cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "greedy"]})
     await run_job_async(make_plan(cfg))
@@ -199,8 +199,8 @@ async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
 
 
 async def test_compare_table_shows_answer_quality(tmp_path: Path) -> None:
-    from presto_client.compare import format_comparison
-    from presto_client.rundir import RunDir
+    from presto_client.orchestration.rundir import RunDir
+    from presto_client.reporting.compare import format_comparison
 
     cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "low_temperature"]})
     result = await run_job_async(make_plan(cfg))

@@ -12,8 +12,8 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.errors import EngineError, EngineRequestError
-from presto_client.job import make_plan, run_job_async
-from presto_client.prompt_tokens import decode, encode
+from presto_client.orchestration.job import make_plan, run_job_async
+from presto_client.orchestration.prompt_tokens import decode, encode
 
 emulation = pytest.importorskip("tests.support.emulation")
 
@@ -139,7 +139,7 @@ async def test_tokenize_falls_back_and_explains() -> None:
 async def test_a_server_without_detokenize_is_asked_once(caplog: pytest.LogCaptureFixture) -> None:
     """Not two failing requests and a log line per chain: once per engine."""
     engine = _FakeEngine({})
-    with caplog.at_level("INFO", logger="presto_client.prompt_tokens"):
+    with caplog.at_level("INFO", logger="presto_client.orchestration.prompt_tokens"):
         for _ in range(5):
             assert await decode(engine, [1, 2]) is None
     assert [p for p, _ in engine.transport.sent] == ["/detokenize", "/v1/detokenize"]

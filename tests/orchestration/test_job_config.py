@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from presto_client.errors import ConfigError
-from presto_client.job_config import (
+from presto_client.orchestration.config import (
     apply_override,
     load_job_config,
     load_prompts,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from presto_client.cli import main
-from presto_client.report import cumulative_curves, summarize, write_plots
-from presto_client.rundir import RunDir
+from presto_client.orchestration.rundir import RunDir
+from presto_client.orchestration.summary import cumulative_curves, summarize, write_plots
 
 ROOT = Path(__file__).resolve().parents[2]
 

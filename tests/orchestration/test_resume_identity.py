@@ -11,7 +11,7 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.errors import ConfigError
-from presto_client.job import make_plan, run_job_async
+from presto_client.orchestration.job import make_plan, run_job_async
 
 emulation = pytest.importorskip("tests.support.emulation")
 

@@ -1,7 +1,7 @@
 """A job from config to run directory: plan the chains, open the engines, run, summarise.
 
 The faces layer (the CLI, or a Python caller) hands a validated
-:class:`~presto_client.job_config.JobConfig` to :func:`make_plan` and then :func:`run_job`
+:class:`~presto_client.orchestration.config.JobConfig` to :func:`make_plan` and then :func:`run_job`
 (blocking) or :func:`run_job_async`. The plan is plain data: arms (engine × traversal), and
 chains (prompt × chain × arm) with their seeds, split from the root seed with numpy
 ``SeedSequence`` by (prompt, chain) so that every arm of a (prompt, chain) gets the same seed:
@@ -31,7 +31,7 @@ from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.sampler_config import ARM_TRAVERSALS, SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
-from presto_client.job_config import (
+from presto_client.orchestration.config import (
     EmbeddedEngineConfig,
     EngineConfig,
     HttpEngineConfig,
@@ -41,7 +41,7 @@ from presto_client.job_config import (
     load_prompts,
     redacted_dump,
 )
-from presto_client.orchestrator import (
+from presto_client.orchestration.orchestrator import (
     ChainOutcome,
     ChainSink,
     ChainSpec,
@@ -50,10 +50,10 @@ from presto_client.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.prompt_tokens import decode, encode
-from presto_client.quality import ChainGrader, make_chain_grader
-from presto_client.report import summarize, summary_rows
-from presto_client.rundir import RunDir, check_output_dir, finished_ok, read_jsonl
+from presto_client.orchestration.prompt_tokens import decode, encode
+from presto_client.orchestration.quality import ChainGrader, make_chain_grader
+from presto_client.orchestration.rundir import RunDir, check_output_dir, finished_ok, read_jsonl
+from presto_client.orchestration.summary import summarize, summary_rows
 from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)

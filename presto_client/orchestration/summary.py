@@ -25,7 +25,7 @@ from typing import Any
 
 from presto_client.core.sampler_config import BASELINE_TRAVERSALS, TRAVERSALS
 from presto_client.errors import PrestoError
-from presto_client.rundir import RunDir, iter_chain_records, latest_by_chain
+from presto_client.orchestration.rundir import RunDir, iter_chain_records, latest_by_chain
 
 logger = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def summarize(
         },
     }
     # Graded runs only (issue 11): summaries of ungraded runs are unchanged.
-    from presto_client.quality import quality_summary
+    from presto_client.orchestration.quality import quality_summary
 
     quality = quality_summary(latest.values(), baseline=baseline)
     if quality:
@@ -466,7 +466,7 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
     table = render_table(header, rows)
     quality = summary.get("quality")
     if quality:
-        from presto_client.quality import format_quality_table
+        from presto_client.orchestration.quality import format_quality_table
 
         table += "\n\nAnswer quality (graded):\n" + format_quality_table(
             quality, [str(a["arm"]) for a in arms]
@@ -709,7 +709,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         written.append(_save(plt, fig, path))
     quality = summary.get("quality")
     if quality:  # graded runs (issue 11)
-        from presto_client.quality import plot_accuracy_vs_cost
+        from presto_client.orchestration.quality import plot_accuracy_vs_cost
 
         written.append(
             plot_accuracy_vs_cost(plt, quality, arms, color, out / "accuracy_vs_cost.png")

@@ -44,7 +44,7 @@ from presto_client.core.sampler_config import (
     SamplerConfig,
 )
 from presto_client.errors import ConfigError
-from presto_client.grading import GraderConfig
+from presto_client.orchestration.grading import GraderConfig
 from presto_client.urls import redact_url, split_userinfo
 
 HTTP_KINDS: tuple[str, ...] = ("vllm", "sglang", "openai")

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from presto_client.eval_stats import accuracy, mcnemar, mean_pass_at_k
-from presto_client.grading import GraderConfig, GraderFn, build_grader
+from presto_client.orchestration.eval_stats import accuracy, mcnemar, mean_pass_at_k
+from presto_client.orchestration.grading import GraderConfig, GraderFn, build_grader
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def quality_summary(
 
 def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Sequence[str]) -> str:
     """The quality table (one arm a row), in ``arm_order`` then any other graded arm."""
-    from presto_client.report import render_table
+    from presto_client.orchestration.summary import render_table
 
     order = [a for a in arm_order if a in quality] + [a for a in quality if a not in arm_order]
     ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})})
