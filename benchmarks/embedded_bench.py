@@ -1,4 +1,4 @@
-"""Measure the embedded server: ``python -m presto_client.embedded.bench [--url URL]``.
+"""Measure the embedded server: ``python -m benchmarks.embedded_bench [--url URL]``.
 
 Without ``--url`` it starts a server (``embedded_server()``) for the measurement. Figures:
 
@@ -110,7 +110,7 @@ def _server(url: str | None) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m presto_client.embedded.bench")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.embedded_bench")
     p.add_argument("--url", help="an embedded server already running (default: start one)")
     p.add_argument("--repeat", type=int, default=1, help="repeat the measurements")
     args = p.parse_args(argv)

