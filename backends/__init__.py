@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from backends.base import Capabilities, EngineSpec, ProbeReport
 from backends.registry import available_backends, create_engine, register_backend
+from backends.spec import Capabilities, EngineSpec, ProbeReport
 
 __all__ = [
     "Capabilities",

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.base import Capabilities, EngineSpec
+from backends.spec import Capabilities, EngineSpec
 from presto_client.core.engine_protocol import (
     FloatArray,
     IntArray,

@@ -29,8 +29,8 @@ from backends.adapter import (
     scored_from_raw,
     scored_from_scaled,
 )
-from backends.base import Capabilities, EngineSpec, ProbeReport
 from backends.metrics import prefix_cache_metrics
+from backends.spec import Capabilities, EngineSpec, ProbeReport
 from backends.transport import Sleep, Transport
 from presto_client.core.engine_protocol import (
     FloatArray,

@@ -22,7 +22,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from backends.adapter import Adapter
-from backends.base import EngineSpec
+from backends.spec import EngineSpec
 from presto_client.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -43,13 +43,13 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from backends.base import DEFAULT_RESTART_WINDOW_S
 from backends.http_errors import (
     FINAL_5XX,
     body_message,
     describe_transport_error,
     is_refused,
 )
+from backends.spec import DEFAULT_RESTART_WINDOW_S
 from presto_client.errors import (
     ConfigError,
     EngineError,

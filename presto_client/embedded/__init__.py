@@ -6,8 +6,9 @@ to it through the ordinary vLLM adapter. Importing this package does not import 
 - :func:`embedded_server` / :func:`async_embedded_server` (in :mod:`.launch`): context
   managers that start ``python -m presto_client.embedded`` and yield its base URL.
 - :func:`main`: the ``presto serve-embedded`` command (``python -m presto_client.embedded``).
-- :mod:`.model` prepares and loads the model; :mod:`.engine` batches and samples;
-  :mod:`.server` speaks HTTP (its docstring has the measured speed); :mod:`.bench` measures.
+- :mod:`.model` prepares and loads the model; :mod:`.batching` batches and samples;
+  :mod:`.server` speaks HTTP (its docstring has the measured speed);
+  ``benchmarks/embedded_bench.py`` measures it.
 """
 
 from __future__ import annotations

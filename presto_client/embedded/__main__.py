@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from presto_client.embedded.engine import Engine
+    from presto_client.embedded.batching import BatchingEngine
 
 logger = logging.getLogger("presto_client.embedded")
 
@@ -91,7 +91,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _watch(engine: Engine, parent_pid: int | None, interval_s: float = 1.0) -> None:
+def _watch(engine: BatchingEngine, parent_pid: int | None, interval_s: float = 1.0) -> None:
     """Send ourselves SIGTERM when the engine worker has died (a server that cannot generate
     must not look alive to its launcher) or ``parent_pid`` is gone (the launcher was killed)."""
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if "torch" in sys.modules:
         logger.debug("torch was imported before main(): OMP_WAIT_POLICY may not apply")
     try:
-        from presto_client.embedded.engine import Engine, SamplingParams
+        from presto_client.embedded.batching import BatchingEngine, SamplingParams
         from presto_client.embedded.model import ModelPreparationError, load_model, prepare_model
         from presto_client.embedded.server import EmbeddedApp, ServerConfig, bind_server
     except ImportError as exc:  # torch / transformers missing
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     url = server.base_url
     t0 = time.monotonic()
     loaded = load_model(folder, dtype=args.dtype, num_threads=args.threads)
-    engine = Engine(
+    engine = BatchingEngine(
         loaded,
         max_batch_size=args.max_batch_size,
         prefix_cache_bytes=int(args.prefix_cache_gib * (1 << 30)),

@@ -244,7 +244,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclass(slots=True)
 class LoadedModel:
-    """The model and tokenizer, ready for :class:`presto_client.embedded.engine.Engine`."""
+    """The model and tokenizer, for :class:`~presto_client.embedded.batching.BatchingEngine`."""
 
     model: Any
     """A ``transformers`` causal LM in eval mode."""

@@ -16,7 +16,7 @@ engine does not know.
 
 The server is stdlib ``ThreadingHTTPServer``: one thread per connection, each blocking on its
 request's event queue; all model work happens on the engine's single worker thread
-(:mod:`presto_client.embedded.engine`).
+(:mod:`presto_client.embedded.batching`).
 
 Measured with ``python -m benchmarks.embedded_bench`` on the 2-core, 24 GiB CI machine
 (SmolLM2-135M, float32, torch 2.13 CPU; 70-token chat prompt, ``logprobs: 20``)::
@@ -54,9 +54,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from presto_client.embedded.engine import (
-    Engine,
-    EngineError,
+from presto_client.embedded.batching import (
+    BatchingEngine,
+    BatchingError,
     Event,
     Failed,
     Finished,
@@ -243,7 +243,7 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 class EmbeddedApp:
     """Request handling, independent of the HTTP plumbing (easy to call from tests)."""
 
-    def __init__(self, loaded: LoadedModel, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, loaded: LoadedModel, engine: BatchingEngine, config: ServerConfig) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.engine = engine
@@ -782,7 +782,7 @@ class EmbeddedApp:
                     }
                 return
             elif isinstance(ev, Failed):
-                raise EngineError(ev.message)
+                raise BatchingError(ev.message)
 
 
 class ClientGone(Exception):
@@ -949,7 +949,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             for payload in self.app.stream_payloads(req, request_id, created, self._events(handle)):
                 write(f"data: {json.dumps(payload)}\n\n")
-        except EngineError as exc:
+        except BatchingError as exc:
             err = ApiError(str(exc), status=HTTPStatus.INTERNAL_SERVER_ERROR)
             write(f"data: {json.dumps(err.body())}\n\n")
         write("data: [DONE]\n\n")

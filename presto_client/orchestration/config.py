@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from backends.base import DEFAULT_RESTART_WINDOW_S
+from backends.spec import DEFAULT_RESTART_WINDOW_S
 from presto_client.core.sampler_config import (
     ARM_TRAVERSALS,
     MAX_ALPHA,

@@ -4,9 +4,9 @@ import pytest
 
 import backends
 from backends import EngineSpec, available_backends, create_engine, register_backend
-from backends.base import Capabilities
 from backends.openai_compat import OpenAICompatAdapter
 from backends.registry import adapter_class
+from backends.spec import Capabilities
 from presto_client.core.engine_protocol import Engine
 from presto_client.errors import ConfigError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from backends.base import EngineSpec
+from backends.spec import EngineSpec
 from backends.transport import DEFAULT_RESTART_WINDOW_S, Transport
 from presto_client.errors import EngineRequestError, EngineUnavailableError
 from presto_client.orchestration.config import HttpEngineConfig

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.embedded
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from presto_client.embedded.engine import KVList, PrefixCache  # noqa: E402
+from presto_client.embedded.batching import KVList, PrefixCache  # noqa: E402
 
 
 def kv_for(tokens: list[int], layers: int = 2) -> KVList:

@@ -1,6 +1,6 @@
 """The in-process generation engine: one model worker thread, continuous batching, prefix KV reuse.
 
-Requests are submitted from any thread (:meth:`Engine.submit`) and answered through a
+Requests are submitted from any thread (:meth:`BatchingEngine.submit`) and answered through a
 :class:`RequestHandle` (a queue of :class:`TokenEvent` / :class:`PromptScores` / :class:`Finished`
 / :class:`Failed` events, plus ``cancel()``). All model work runs on one worker thread, so
 nothing else ever touches torch.
@@ -148,7 +148,7 @@ class RequestHandle:
             elif isinstance(ev, PromptScores):
                 prompt = ev
             elif isinstance(ev, Failed):
-                raise EngineError(ev.message)
+                raise BatchingError(ev.message)
             else:
                 return CompletedRequest(tokens=tokens, prompt_scores=prompt, finished=ev)
 
@@ -160,7 +160,7 @@ class CompletedRequest:
     finished: Finished
 
 
-class EngineError(RuntimeError):
+class BatchingError(RuntimeError):
     """The engine failed a request (or is not running)."""
 
 
@@ -304,7 +304,7 @@ def _seed_generator(seed: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(seed % (1 << 64)))
 
 
-class Engine:
+class BatchingEngine:
     """Serves generation requests on one worker thread (see the module docstring)."""
 
     def __init__(
