@@ -491,7 +491,7 @@ def _exit_status(result: Any) -> int:
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from presto_client.orchestration.job import make_plan
-    from presto_client.orchestration.summary import format_summary_table
+    from presto_client.reporting.tables import format_summary_table
 
     cfg = _load(args)
     plan = make_plan(cfg)
@@ -524,12 +524,12 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     from presto_client.orchestration.rundir import RunDir
-    from presto_client.orchestration.summary import (
+    from presto_client.orchestration.summary import summarize_run
+    from presto_client.reporting.plots import write_plots
+    from presto_client.reporting.tables import (
         format_speedup_per_prompt,
         format_summary_table,
         render_table,
-        summarize_run,
-        write_plots,
     )
 
     combined: list[list[str]] = []

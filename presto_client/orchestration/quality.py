@@ -107,43 +107,6 @@ def quality_summary(
     return out
 
 
-def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Sequence[str]) -> str:
-    """The quality table (one arm a row), in ``arm_order`` then any other graded arm."""
-    from presto_client.orchestration.summary import render_table
-
-    order = [a for a in arm_order if a in quality] + [a for a in quality if a not in arm_order]
-    ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})})
-    header = ["arm", "graded", "accuracy [95% CI]", *(f"pass@{k}" for k in ks)]
-    header += ["vs baseline (+/-, McNemar p)", "tokens/answer", "call s/answer"]
-    rows = []
-    for arm in order:
-        q = quality[arm]
-        acc = q.get("accuracy")
-        acc_s = (
-            "-"
-            if acc is None
-            else f"{100 * acc:.1f}% [{100 * q['ci95_low']:.1f}, {100 * q['ci95_high']:.1f}]"
-        )
-        pass_cells = []
-        for k in ks:
-            v = q.get("pass_at_k", {}).get(str(k))
-            pass_cells.append("-" if v is None else f"{100 * v:.1f}%")
-        m = q.get("mcnemar")
-        vs = "-" if not m else f"+{m['a_only']}/-{m['b_only']}, p={m['p_value']:.3g}"
-        rows.append(
-            [
-                arm,
-                str(q.get("n")),
-                acc_s,
-                *pass_cells,
-                vs,
-                f"{q['tokens_per_answer']:.1f}",
-                f"{q['model_call_time_per_answer_s']:.3f}",
-            ]
-        )
-    return render_table(header, rows)
-
-
 def make_chain_grader(
     config: GraderConfig | None, answers: Mapping[int, str | None]
 ) -> ChainGrader | None:
@@ -153,41 +116,3 @@ def make_chain_grader(
     if not any(a is not None for a in answers.values()):
         log.warning("grader %s is configured but no prompt has an answer", config.label())
     return ChainGrader(config, answers)
-
-
-def plot_accuracy_vs_cost(
-    plt: Any,
-    quality: Mapping[str, Mapping[str, Any]],
-    arms: Sequence[str],
-    color: Mapping[str, str],
-    path: Any,
-) -> Any:
-    """``accuracy_vs_cost.png``: one point per graded arm, accuracy (95 % Wilson interval as the
-    error bar) against model-call time per answer; each point labelled with its tokens/answer."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    order = [a for a in arms if a in quality] + [a for a in quality if a not in arms]
-    for arm in order:
-        q = quality[arm]
-        acc = q.get("accuracy")
-        if acc is None:
-            continue
-        x = float(q["model_call_time_per_answer_s"])
-        err = [[acc - q["ci95_low"]], [q["ci95_high"] - acc]]
-        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4, label=arm, color=color.get(arm, "C0"))
-        ax.annotate(
-            f"{q['tokens_per_answer']:.0f} tok",
-            (x, acc),
-            textcoords="offset points",
-            xytext=(6, 4),
-            fontsize="small",
-        )
-    ax.set_xlabel("model-call time per answer, s")
-    ax.set_ylabel("accuracy (95% Wilson interval)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Accuracy against cost")
-    ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

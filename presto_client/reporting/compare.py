@@ -17,8 +17,8 @@ from presto_client.errors import ConfigError
 from presto_client.orchestration.config import JobConfig
 from presto_client.orchestration.job import Arm, JobPlan, make_plan
 from presto_client.orchestration.rundir import latest_by_chain
-from presto_client.orchestration.summary import (
-    as_number,
+from presto_client.orchestration.summary import as_number
+from presto_client.reporting.tables import (
     format_side_by_side,
     format_speedup_per_prompt,
     render_table,
@@ -97,7 +97,7 @@ def format_comparison(
     shown = [str(a["arm"]) for a in summary.get("arms", [])]
     quality = {a: q for a, q in (summary.get("quality") or {}).items() if a in shown}
     if quality:  # graded runs (issue 11)
-        from presto_client.orchestration.quality import format_quality_table
+        from presto_client.reporting.tables import format_quality_table
 
         parts.append("Answer quality (graded):\n" + format_quality_table(quality, shown))
     return "\n\n".join(parts)

@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 
 from presto_client.cli import main
-from presto_client.orchestration.summary import (
+from presto_client.orchestration.summary import paired_tost, summarize
+from presto_client.reporting.tables import (
     equivalence_cell,
     format_side_by_side,
     format_summary_table,
-    paired_tost,
-    summarize,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from presto_client.errors import ConfigError
 from presto_client.orchestration.config import load_job_config, load_prompts
 from presto_client.orchestration.eval_stats import pass_at_k
 from presto_client.orchestration.job import make_plan, run_job_async
-from presto_client.orchestration.summary import format_summary_table
+from presto_client.reporting.tables import format_summary_table
 
 ANSWERS = ["4", "0", "1", "2"]  # the first two match the first token these chains draw
 
@@ -185,7 +185,7 @@ def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
 async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from presto_client.orchestration.rundir import RunDir
-    from presto_client.orchestration.summary import write_plots
+    from presto_client.reporting.plots import write_plots
 
     cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "greedy"]})
     await run_job_async(make_plan(cfg))

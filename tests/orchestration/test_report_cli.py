@@ -11,7 +11,8 @@ import pytest
 
 from presto_client.cli import main
 from presto_client.orchestration.rundir import RunDir
-from presto_client.orchestration.summary import cumulative_curves, summarize, write_plots
+from presto_client.orchestration.summary import summarize
+from presto_client.reporting.plots import cumulative_curves, write_plots
 
 ROOT = Path(__file__).resolve().parents[2]
 

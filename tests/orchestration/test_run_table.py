@@ -4,7 +4,7 @@ prompts to tell."""
 
 from __future__ import annotations
 
-from presto_client.orchestration.summary import equivalence_cell, format_summary_table
+from presto_client.reporting.tables import equivalence_cell, format_summary_table
 
 
 def _arm(name: str, **kw: object) -> dict[str, object]:

@@ -1,0 +1,182 @@
+"""Plots of a run (PNG), made from its saved files only (never re-running the job)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from presto_client.errors import PrestoError
+from presto_client.orchestration.rundir import RunDir, iter_chain_records, latest_by_chain
+from presto_client.orchestration.summary import as_number, summarize_run
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PrestoError(
+            "plots need matplotlib: pip install 'presto-client[plots]' (tables were still printed)"
+        ) from None
+    return plt
+
+
+def cumulative_curves(
+    records: Iterable[Mapping[str, Any]], samples: Iterable[Mapping[str, Any]]
+) -> dict[str, tuple[list[int], list[float]]]:
+    """Per arm: mean cumulative model-call time (s) to complete n transitions, n = 0..N.
+
+    Extension calls are left out (they are counted apart, as in the summary); the mean is over
+    the chains of the arm that finished ok.
+    """
+    ok = {cid: row for cid, row in latest_by_chain(samples).items() if row.get("status") == "ok"}
+    per_arm: dict[str, list[list[float]]] = {}
+    for cid, rows in iter_chain_records(records, set(ok)):
+        arm = str(ok[cid].get("arm"))
+        time_at: list[float] = [0.0]  # time_at[n]: time when n transitions were done
+        elapsed = 0.0
+        done = 0
+        for r in sorted(rows, key=lambda r: int(r.get("round", 0))):
+            if r.get("kind") == "extend":
+                continue
+            elapsed += as_number(r.get("wall_s"))
+            step = int(as_number(r.get("transitions")))
+            for _ in range(step):
+                done += 1
+                time_at.append(elapsed)
+        per_arm.setdefault(arm, []).append(time_at)
+    curves: dict[str, tuple[list[int], list[float]]] = {}
+    for arm, series in per_arm.items():
+        n = min(len(s) for s in series)
+        xs = list(range(n))
+        ys = [statistics.fmean(s[i] for s in series) for i in xs]
+        curves[arm] = (xs, ys)
+    return curves
+
+
+def arm_colors(arms: Sequence[str]) -> dict[str, str]:
+    """One colour per arm, the same in every plot (matplotlib's default cycle, in table order)."""
+    return {arm: f"C{i % 10}" for i, arm in enumerate(arms)}
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
+    """PNG plots of a saved run; returns the files written."""
+    plt = _pyplot()
+    out = out_dir or (run.path / "plots")
+    out.mkdir(parents=True, exist_ok=True)
+    samples = run.samples()
+    records = run.records()
+    summary = summarize_run(run)
+    arms = [str(a["arm"]) for a in summary["arms"]]
+    color = arm_colors(arms)
+    written: list[Path] = []
+
+    curves = cumulative_curves(records, samples)
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for arm in arms:
+            if arm in curves:
+                xs, ys = curves[arm]
+                ax.step(xs, ys, where="post", label=arm, color=color[arm])
+        ax.set_xlabel("completed transitions")
+        ax.set_ylabel("cumulative model-call time, s (mean over chains)")
+        ax.set_title("Model-call time against completed transitions")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+        path = out / "cumulative_time.png"
+        written.append(_save(plt, fig, path))
+
+    ok = [r for r in latest_by_chain(samples).values() if r.get("status") == "ok"]
+    per_arm_tpc: dict[str, list[float]] = {}
+    for r in ok:
+        tpc = (r.get("stats") or {}).get("transitions_per_call")
+        if tpc is not None:
+            per_arm_tpc.setdefault(str(r.get("arm")), []).append(as_number(tpc))
+    if per_arm_tpc:
+        labels = [a for a in arms if a in per_arm_tpc]
+        fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 4.5))
+        ax.boxplot([per_arm_tpc[a] for a in labels])
+        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right")
+        means = [statistics.fmean(per_arm_tpc[a]) for a in labels]
+        ax.plot(range(1, len(labels) + 1), means, "o", label="mean")
+        ax.set_ylabel("transitions per call (per chain)")
+        ax.set_title("Transitions per engine call")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3, axis="y")
+        path = out / "transitions_per_call.png"
+        written.append(_save(plt, fig, path))
+
+    per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
+    sp_arms = [a for a in arms if per_prompt.get(a)]
+    if sp_arms:
+        prompts = sorted({int(p) for a in sp_arms for p in per_prompt[a]})
+        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(prompts) * len(sp_arms) + 3), 4.5))
+        width = 0.8 / len(sp_arms)
+        for j, arm in enumerate(sp_arms):
+            bar_x = [i + (j - (len(sp_arms) - 1) / 2) * width for i in range(len(prompts))]
+            bar_y = [per_prompt[arm].get(str(p), float("nan")) for p in prompts]
+            ax.bar(bar_x, bar_y, width=width, label=arm, color=color[arm])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(prompts)), [str(p) for p in prompts])
+        ax.set_xlabel("prompt")
+        ax.set_ylabel("speedup over sequential (median over chains)")
+        ax.set_title("Speedup per prompt")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3, axis="y")
+        path = out / "speedup_per_prompt.png"
+        written.append(_save(plt, fig, path))
+    quality = summary.get("quality")
+    if quality:  # graded runs (issue 11)
+        written.append(
+            plot_accuracy_vs_cost(plt, quality, arms, color, out / "accuracy_vs_cost.png")
+        )
+    return written
+
+
+def plot_accuracy_vs_cost(
+    plt: Any,
+    quality: Mapping[str, Mapping[str, Any]],
+    arms: Sequence[str],
+    color: Mapping[str, str],
+    path: Any,
+) -> Any:
+    """``accuracy_vs_cost.png``: one point per graded arm, accuracy (95 % Wilson interval as the
+    error bar) against model-call time per answer; each point labelled with its tokens/answer."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    order = [a for a in arms if a in quality] + [a for a in quality if a not in arms]
+    for arm in order:
+        q = quality[arm]
+        acc = q.get("accuracy")
+        if acc is None:
+            continue
+        x = float(q["model_call_time_per_answer_s"])
+        err = [[acc - q["ci95_low"]], [q["ci95_high"] - acc]]
+        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4, label=arm, color=color.get(arm, "C0"))
+        ax.annotate(
+            f"{q['tokens_per_answer']:.0f} tok",
+            (x, acc),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize="small",
+        )
+    ax.set_xlabel("model-call time per answer, s")
+    ax.set_ylabel("accuracy (95% Wilson interval)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Accuracy against cost")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

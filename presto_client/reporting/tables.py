@@ -1,0 +1,250 @@
+"""The tables of a run's summary, as text: per arm, side by side, speedup per prompt."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, REPLAYING
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{100 * float(value):.0f}%"
+    if kind == "x":
+        return f"{float(value):.2f}x"
+    if kind == "e":
+        return f"{float(value):.1e}"
+    if kind == "s":
+        return f"{float(value):.2f}"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _speedup_cell(arm: Mapping[str, Any]) -> str:
+    if arm.get("speedup_median") is None:
+        return "-" if arm.get("traversal") != BASELINE else "1.00x (base)"
+    return f"{arm['speedup_median']:.2f}x [{arm['speedup_min']:.2f}-{arm['speedup_max']:.2f}]"
+
+
+def _same_cell(arm: Mapping[str, Any]) -> str:
+    # Only crn and stream replay the baseline's chain (same draws); the trees are exact in law only.
+    if arm.get("identical_to_baseline") is None or arm.get("traversal") not in REPLAYING:
+        return "-"
+    return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
+
+
+_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("arm", "arm"),
+    ("chains", "chains"),
+    ("calls", "calls"),
+    ("s/call", "seconds_per_call"),
+    ("trans/call", "transitions_per_call"),
+    ("req used/issued", "requests"),
+    ("wasted", "wasted_share"),
+    ("tokens", "tokens_generated"),
+    ("accept", "acceptance_rate"),
+    ("eps-certain", "eps_certain_share"),
+    ("model time s", "model_call_time_s"),
+    ("speedup vs sequential", "speedup"),
+    ("replays", "same"),
+    ("cache hit", "prefix_cache_hit_rate"),
+)
+
+
+def _cells(arm: Mapping[str, Any]) -> dict[str, str]:
+    failed = arm.get("chains_failed") or 0
+    return {
+        "arm": str(arm.get("arm")),
+        "chains": f"{arm.get('chains_ok')}" + (f" (+{failed} failed)" if failed else ""),
+        "calls": _fmt(arm.get("calls")),
+        "seconds_per_call": _fmt(arm.get("seconds_per_call"), "s"),
+        "transitions_per_call": _fmt(arm.get("transitions_per_call")),
+        "requests": f"{arm.get('requests_used')}/{arm.get('requests_issued')}",
+        "wasted_share": _fmt(arm.get("wasted_share"), "pct"),
+        "tokens_generated": _fmt(arm.get("tokens_generated")),
+        "acceptance_rate": _fmt(arm.get("acceptance_rate"), "pct"),
+        "eps_certain_share": _fmt(arm.get("eps_certain_share"), "pct"),
+        "model_call_time_s": _fmt(arm.get("model_call_time_s"), "s"),
+        "speedup": _speedup_cell(arm),
+        "same": _same_cell(arm),
+        "prefix_cache_hit_rate": _fmt(arm.get("prefix_cache_hit_rate"), "pct"),
+    }
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain aligned text table (first column left-aligned, the rest right-aligned)."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells)]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+def format_summary_table(summary: Mapping[str, Any]) -> str:
+    """The per-arm summary table, one arm a row."""
+    arms = summary.get("arms", [])
+    if not arms:
+        return "(no finished chains)"
+    header = [h for h, _ in _TABLE_COLUMNS]
+    rows = []
+    for arm in arms:
+        cells = _cells(arm)
+        rows.append([cells[k] for _, k in _TABLE_COLUMNS])
+    table = render_table(header, rows)
+    quality = summary.get("quality")
+    if quality:
+        table += "\n\nAnswer quality (graded):\n" + format_quality_table(
+            quality, [str(a["arm"]) for a in arms]
+        )
+    return table
+
+
+def _decimals(*values: float | None) -> int:
+    """Decimals that show the smallest nonzero magnitude with two significant digits (>= 3)."""
+    small = [abs(v) for v in values if v is not None and v != 0 and math.isfinite(v)]
+    if not small:
+        return 3
+    return max(3, min(8, 1 - math.floor(math.log10(min(small)))))
+
+
+def equivalence_cell(test: Mapping[str, Any] | None) -> str:
+    """``yes d=+0.003 [-0.010, 0.016] +/-0.050`` / ``no ...`` / ``too few prompts to tell (...)``
+    (not shown equivalent, but the interval holds 0: unpowered) / ``n/a (reason)`` / ``-``.
+
+    ``d``: mean paired difference (arm - baseline), then its 90% interval and the margin. ASCII
+    only, like the rest of the printed tables (a terminal's encoding may not have Δ or ±).
+    """
+    if not test:
+        return "-"
+    verdict = test.get("verdict")
+    if verdict not in ("equivalent", "not equivalent"):
+        return f"n/a ({test.get('reason') or 'no pairs'})"
+    margin = float(test["margin"])
+    d = _decimals(margin)
+    if verdict == "not equivalent" and test["ci_low"] <= 0.0 <= test["ci_high"]:
+        # Equivalence not shown, but no difference shown either: the interval is too wide.
+        return (
+            f"too few prompts to tell (n={test.get('n')}: d={test['mean_diff']:+.{d}f} "
+            f"[{test['ci_low']:.{d}f}, {test['ci_high']:.{d}f}] +/-{margin:.{d}f})"
+        )
+    word = "yes" if verdict == "equivalent" else "no"
+    return (
+        f"{word} d={test['mean_diff']:+.{d}f} [{test['ci_low']:.{d}f}, {test['ci_high']:.{d}f}] "
+        f"+/-{margin:.{d}f}"
+    )
+
+
+def _equivalence_rows(arms: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    rows = []
+    for metric, label in EQUIVALENCE_METRICS:
+        tests = [(a.get("equivalence") or {}).get(metric) for a in arms]
+        if not any(tests):
+            continue
+        cells = [
+            "(base)" if a.get("traversal") == BASELINE and not t else equivalence_cell(t)
+            for a, t in zip(arms, tests, strict=True)
+        ]
+        rows.append([f"{label} equiv. (TOST)", *cells])
+    return rows
+
+
+def format_side_by_side(summary: Mapping[str, Any]) -> str:
+    """Arms as columns, metrics as rows (``presto compare``)."""
+    arms = summary.get("arms", [])
+    if not arms:
+        return "(no finished chains)"
+    header = ["", *(str(a["arm"]) for a in arms)]
+    rows: list[list[str]] = []
+    for label, key, kind in _SIDE_BY_SIDE:
+        row = [label]
+        for arm in arms:
+            cells = _cells(arm)
+            if kind in ("speedup", "same", "requests"):
+                row.append(cells[{"speedup": "speedup", "same": "same"}.get(kind, "requests")])
+            else:
+                row.append(_fmt(arm.get(key), kind))
+        rows.append(row)
+    rows.extend(_equivalence_rows(arms))
+    return render_table(header, rows)
+
+
+def format_speedup_per_prompt(summary: Mapping[str, Any]) -> str:
+    """Median speedup per prompt (rows) and arm (columns); empty when no baseline ran."""
+    per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
+    order = [str(a["arm"]) for a in summary.get("arms", [])]
+    arms = [a for a in order if per_prompt.get(a)]
+    if not arms:
+        return ""
+    prompts = sorted({int(p) for a in arms for p in per_prompt[a]})
+    rows = [[f"prompt {p}", *(_fmt(per_prompt[a].get(str(p)), "x") for a in arms)] for p in prompts]
+    return render_table(["speedup", *arms], rows)
+
+
+_SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (
+    ("engine", "engine", ""),
+    ("traversal", "traversal", ""),
+    ("chains ok", "chains_ok", ""),
+    ("chains failed", "chains_failed", ""),
+    ("model-call time, s", "model_call_time_s", "s"),
+    ("median per chain, s", "model_call_time_median_s", "s"),
+    ("speedup vs sequential", "", "speedup"),
+    ("replays baseline (crn, stream)", "", "same"),
+    ("calls", "calls", ""),
+    ("transitions per call", "transitions_per_call", ""),
+    ("requests per call", "requests_per_call", ""),
+    ("requests used/issued", "", "requests"),
+    ("wasted requests", "wasted_share", "pct"),
+    ("seconds per call", "seconds_per_call", "s"),
+    ("acceptance rate", "acceptance_rate", "pct"),
+    ("eps-certain decisions", "eps_certain_share", "pct"),
+    ("tokens generated", "tokens_generated", ""),
+    ("prefix-cache hit rate", "prefix_cache_hit_rate", "pct"),
+    ("normaliser drift (max), nats", "drift_max", "e"),
+)
+
+
+def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Sequence[str]) -> str:
+    """The quality table (one arm a row), in ``arm_order`` then any other graded arm."""
+
+    order = [a for a in arm_order if a in quality] + [a for a in quality if a not in arm_order]
+    ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})})
+    header = ["arm", "graded", "accuracy [95% CI]", *(f"pass@{k}" for k in ks)]
+    header += ["vs baseline (+/-, McNemar p)", "tokens/answer", "call s/answer"]
+    rows = []
+    for arm in order:
+        q = quality[arm]
+        acc = q.get("accuracy")
+        acc_s = (
+            "-"
+            if acc is None
+            else f"{100 * acc:.1f}% [{100 * q['ci95_low']:.1f}, {100 * q['ci95_high']:.1f}]"
+        )
+        pass_cells = []
+        for k in ks:
+            v = q.get("pass_at_k", {}).get(str(k))
+            pass_cells.append("-" if v is None else f"{100 * v:.1f}%")
+        m = q.get("mcnemar")
+        vs = "-" if not m else f"+{m['a_only']}/-{m['b_only']}, p={m['p_value']:.3g}"
+        rows.append(
+            [
+                arm,
+                str(q.get("n")),
+                acc_s,
+                *pass_cells,
+                vs,
+                f"{q['tokens_per_answer']:.1f}",
+                f"{q['model_call_time_per_answer_s']:.3f}",
+            ]
+        )
+    return render_table(header, rows)
