@@ -43,20 +43,21 @@ def test_demo_config_runs_on_the_embedded_engine(tmp_path: Path) -> None:
             "--set",
             "sampler.steps_per_block=3",
             "--set",
-            "sampler.traversals=[sequential, crn]",
+            "sampler.traversals=[sequential, crn, stream]",
         ],
         out=out,
     )
     assert status == 0, out.getvalue()
     table = out.getvalue()
-    assert "embedded/sequential" in table and "embedded/crn" in table
+    assert all(f"embedded/{t}" in table for t in ("sequential", "crn", "stream"))
     samples = [
         json.loads(x) for x in (tmp_path / "demo" / "samples.jsonl").read_text().splitlines()
     ]
-    assert [s["status"] for s in samples] == ["ok", "ok"]
+    assert [s["status"] for s in samples] == ["ok", "ok", "ok"]
     assert all(isinstance(s["text"], str) and s["text"] for s in samples)
     assert samples[0]["prompt_len"] > 5  # the chat template was applied by /tokenize
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
-    crn = next(a for a in summary["arms"] if a["traversal"] == "crn")
-    assert crn["identical_to_baseline"] == 1  # float32: crn replays the baseline exactly
-    assert crn["prefix_cache_hit_rate"] is not None
+    for traversal in ("crn", "stream"):  # float32: both replay the baseline exactly
+        arm = next(a for a in summary["arms"] if a["traversal"] == traversal)
+        assert arm["identical_to_baseline"] == 1, traversal
+        assert arm["prefix_cache_hit_rate"] is not None
