@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from presto_client import defaults
 from presto_client.errors import ConfigError
 from presto_client.urls import host_port, split_userinfo
 
-DEFAULT_RESTART_WINDOW_S = 60.0
-"""How long (summed backoff) a request keeps retrying the symptoms of a server restart:
-connection refused/reset and HTTP 502/503/504. A self-hosted vLLM or SGLang server takes some
-30-60 s to come back (process start, weights, warm-up), which the openai SDK's defaults (2
-retries, 0.5-8 s backoff: a few seconds, sized for a hosted API's blips) do not ride out; vLLM's
-own benchmark client does not retry requests at all but waits for the server to be ready before
-it starts. Other failures (timeouts, 408/429/500) keep ``max_retries``; a 4xx is never retried."""
+DEFAULT_RESTART_WINDOW_S = defaults.RESTART_WINDOW_S
+"""See :data:`presto_client.defaults.RESTART_WINDOW_S`."""
 
 VLLM_LOGPROB_MODES: tuple[str, ...] = ("raw", "processed")
 SGLANG_LOGPROB_MODES: tuple[str, ...] = ("scaled", "raw")
@@ -38,12 +34,12 @@ class EngineSpec:
     """vllm: ``"raw"`` (one call, certified top-K interval) | ``"processed"`` (exact, two calls);
     sglang: ``"scaled"`` (default output logprobs) | ``"raw"``
     (``SGLANG_RETURN_ORIGINAL_LOGPROB=1``); openai: ``"raw"``; ``"auto"``: the dialect's default."""
-    top_k: int = 20
-    max_concurrency: int = 32
+    top_k: int = defaults.TOP_K
+    max_concurrency: int = defaults.ENGINE_MAX_CONCURRENCY
     """In-flight HTTP requests per replica."""
-    request_timeout_s: float = 300.0
-    connect_timeout_s: float = 10.0
-    max_retries: int = 3
+    request_timeout_s: float = defaults.REQUEST_TIMEOUT_S
+    connect_timeout_s: float = defaults.CONNECT_TIMEOUT_S
+    max_retries: int = defaults.MAX_RETRIES
     """Retries of timeouts, 408, 429 and 500 (a restart's symptoms: ``restart_window_s``)."""
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S
     """Seconds of backoff over which refused connections and 502/503/504 are retried."""

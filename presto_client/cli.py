@@ -490,7 +490,7 @@ def _exit_status(result: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.job import make_plan
+    from presto_client.orchestration.plan import make_plan
     from presto_client.reporting.tables import format_summary_table
 
     cfg = _load(args)
@@ -582,7 +582,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.job import describe_plan, make_plan
+    from presto_client.orchestration.plan import describe_plan, make_plan
     from presto_client.orchestration.rundir import RunDir
 
     cfg = _load(args)
@@ -593,7 +593,7 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     print(f"{args.config}: valid", file=out)
     print(describe_plan(plan, finished=len(done)), file=out)
     if args.probe:
-        from presto_client.orchestration.job import (
+        from presto_client.orchestration.engines import (
             check_lengths,
             open_engines,
             start_embedded_servers,

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.orchestration.config import JobConfig, Prompt, load_job_config
-from presto_client.orchestration.job import make_plan, run_job
+from presto_client.orchestration.job import run_job
+from presto_client.orchestration.plan import make_plan
 from presto_client.orchestration.rundir import RunDir
 
 log = logging.getLogger(__name__)

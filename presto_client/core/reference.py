@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from presto_client.core.engine_protocol import (
+    Engine,
     FloatArray,
     ProposalRequest,
     ScoredTokens,
@@ -194,3 +196,32 @@ class ReferenceEngine:
 
     async def aclose(self) -> None:
         return None
+
+
+class SimulatedLatencyEngine:
+    """The reference engine with a simulated serving time (demos of speedups without a server).
+
+    A call of a batch costs ``latency_s + token_latency_s × (longest request)``, like a batched
+    server where a call costs about its longest suffix.
+    """
+
+    def __init__(self, inner: Engine, latency_s: float, token_latency_s: float) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.latency_s = latency_s
+        self.token_latency_s = token_latency_s
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        longest = max((r.num_tokens for r in requests), default=0)
+        await asyncio.sleep(self.latency_s + self.token_latency_s * longest)
+        return await self.inner.generate(requests)
+
+    def stream(self, request: ProposalRequest) -> Any:
+        return self.inner.stream(request)
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+        await asyncio.sleep(self.latency_s)
+        return await self.inner.score(requests)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

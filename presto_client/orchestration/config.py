@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from backends.spec import DEFAULT_RESTART_WINDOW_S
+from presto_client import defaults
 from presto_client.core.sampler_config import (
     ARM_TRAVERSALS,
     MAX_ALPHA,
@@ -67,7 +67,9 @@ class _EngineCommon(_Strict):
         "Default: the kind (with an index if the kind appears twice).",
     )
     max_concurrency: int = Field(
-        32, ge=1, description="Most requests in flight to this engine (all replicas together)."
+        defaults.ENGINE_MAX_CONCURRENCY,
+        ge=1,
+        description="Most requests in flight to this engine (all replicas together).",
     )
     eos_token_id: int | None = Field(
         None,
@@ -99,14 +101,20 @@ class HttpEngineConfig(_EngineCommon):
         description="What the server's logprobs mean. vllm: 'raw' | 'processed'; sglang: "
         "'scaled' | 'raw'; openai: 'raw'; 'auto': the dialect's default.",
     )
-    top_k: int = Field(20, ge=1, description="Top-K raw logprobs requested per token.")
-    request_timeout_s: float = Field(300.0, gt=0, description="Timeout of one request, seconds.")
-    connect_timeout_s: float = Field(10.0, gt=0, description="Connect timeout, seconds.")
+    top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
+    request_timeout_s: float = Field(
+        defaults.REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
+    )
+    connect_timeout_s: float = Field(
+        defaults.CONNECT_TIMEOUT_S, gt=0, description="Connect timeout, seconds."
+    )
     max_retries: int = Field(
-        3, ge=0, description="Retries of a request on timeouts and HTTP 408/429/500."
+        defaults.MAX_RETRIES,
+        ge=0,
+        description="Retries of a request on timeouts and HTTP 408/429/500.",
     )
     restart_window_s: float = Field(
-        DEFAULT_RESTART_WINDOW_S,
+        defaults.RESTART_WINDOW_S,
         ge=0,
         description="Seconds (of backoff) over which a request retries what a restarting server "
         "answers: refused or reset connections and HTTP 502/503/504. A 4xx is never retried.",
@@ -159,9 +167,13 @@ class EmbeddedEngineConfig(_EngineCommon):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Model dtype; float32 keeps scores batch-invariant."
     )
-    startup_timeout_s: float = Field(600.0, gt=0, description="How long to wait for start-up.")
-    top_k: int = Field(20, ge=1, description="Top-K raw logprobs requested per token.")
-    request_timeout_s: float = Field(600.0, gt=0, description="Timeout of one request, seconds.")
+    startup_timeout_s: float = Field(
+        defaults.EMBEDDED_STARTUP_TIMEOUT_S, gt=0, description="How long to wait for start-up."
+    )
+    top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
+    request_timeout_s: float = Field(
+        defaults.EMBEDDED_REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
+    )
     probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
 
 
@@ -401,7 +413,9 @@ class JobConfig(_Strict):
         None, description="Run directory (default: runs/<job name>); rerunning resumes it."
     )
     max_concurrency: int = Field(
-        64, ge=1, description="Most requests in flight over all engines together."
+        defaults.JOB_MAX_CONCURRENCY,
+        ge=1,
+        description="Most requests in flight over all engines together.",
     )
     max_active_chains: int | None = Field(
         None,

@@ -15,7 +15,7 @@ from typing import Any
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.job import Arm, JobPlan, make_plan
+from presto_client.orchestration.plan import Arm, JobPlan, make_plan
 from presto_client.orchestration.rundir import latest_by_chain
 from presto_client.orchestration.summary import as_number
 from presto_client.reporting.tables import (

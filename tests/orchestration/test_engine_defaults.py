@@ -12,8 +12,9 @@ from pathlib import Path
 from orch_helpers import make_config, reference_engine
 
 from presto_client.core.stats import RoundRecord
-from presto_client.orchestration.job import make_plan, run_job_async
+from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
+from presto_client.orchestration.plan import make_plan
 
 
 class SeenEos:

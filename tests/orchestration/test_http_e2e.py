@@ -12,7 +12,8 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.errors import EngineError, EngineRequestError
-from presto_client.orchestration.job import make_plan, run_job_async
+from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.plan import make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
 
 emulation = pytest.importorskip("tests.support.emulation")

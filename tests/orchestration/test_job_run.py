@@ -13,8 +13,9 @@ import pytest
 from orch_helpers import PROMPTS, CountingEngine, make_config, reference_engine, wait_until
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.job import chain_seed, make_plan, run_job_async
+from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.orchestrator import JobFailedError
+from presto_client.orchestration.plan import chain_seed, make_plan
 from presto_client.orchestration.rundir import RunDir, read_jsonl
 
 

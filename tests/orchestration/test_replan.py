@@ -12,7 +12,8 @@ from orch_helpers import job_dict, make_config
 
 from presto_client.cli import main
 from presto_client.errors import ProbeError
-from presto_client.orchestration.job import make_plan, run_job_async
+from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.plan import make_plan
 
 emulation = pytest.importorskip("tests.support.emulation")
 

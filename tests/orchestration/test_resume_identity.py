@@ -11,7 +11,8 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.job import make_plan, run_job_async
+from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.plan import make_plan
 
 emulation = pytest.importorskip("tests.support.emulation")
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from orch_helpers import make_config
 
-from presto_client.orchestration.job import make_plan, run_job_async
+from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.plan import make_plan
 
 
 async def test_stale_temporaries_are_removed_on_the_next_run(tmp_path: Path) -> None:

@@ -1,0 +1,209 @@
+"""The plan of a job, plain data: arms (engine × traversal) and chains (prompt × chain × arm).
+
+Seeds are split from the root seed with numpy ``SeedSequence`` by (prompt, chain) so that every
+arm of a (prompt, chain) gets the same seed: ``sequential`` and ``crn`` then replay the same
+chain, and speedups compare identical work. Chains are ordered prompt by prompt and chain by
+chain with the arms interleaved (rotating which arm goes first), so machine drift hits all arms
+alike. The fingerprint is what a resumed run must agree on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from presto_client import defaults
+from presto_client.core.sampler_config import ARM_TRAVERSALS
+from presto_client.errors import ConfigError
+from presto_client.orchestration.config import (
+    EmbeddedEngineConfig,
+    HttpEngineConfig,
+    JobConfig,
+    Prompt,
+    load_prompts,
+)
+from presto_client.orchestration.rundir import finished_ok, read_jsonl
+from presto_client.urls import redact_url
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    arm: str
+    engine: str
+    traversal: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChain:
+    chain_id: str
+    arm: Arm
+    prompt_index: int
+    chain_index: int
+    seed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chain_id": self.chain_id,
+            "arm": self.arm.arm,
+            "engine": self.arm.engine,
+            "traversal": self.arm.traversal,
+            "prompt_index": self.prompt_index,
+            "chain_index": self.chain_index,
+            "seed": self.seed,
+        }
+
+
+@dataclass(slots=True)
+class JobPlan:
+    config: JobConfig
+    prompts: list[Prompt]
+    arms: list[Arm]
+    chains: list[PlannedChain]
+    fingerprint: dict[str, Any]
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.config.output_dir or Path("runs") / (self.config.name or "job"))
+
+
+def chain_seed(root: int, prompt_index: int, chain_index: int) -> int:
+    """The seed of chain ``chain_index`` of prompt ``prompt_index`` (the same for every arm)."""
+    ss = np.random.SeedSequence(root, spawn_key=(prompt_index, chain_index))
+    return int(ss.generate_state(1, dtype=np.uint32)[0])
+
+
+def make_arms(
+    cfg: JobConfig,
+    *,
+    engines: Sequence[str] | None = None,
+    traversals: Sequence[str] | None = None,
+) -> list[Arm]:
+    """Engine × traversal arms, optionally restricted to some engines / other traversals."""
+    names = cfg.engine_names()
+    if engines:
+        unknown = [e for e in engines if e not in names]
+        if unknown:
+            raise ConfigError(
+                f"unknown engine(s) {', '.join(unknown)}; the config names: {', '.join(names)}"
+            )
+        names = [n for n in names if n in engines]
+    rules = list(traversals) if traversals else list(cfg.sampler.traversals)
+    bad = [t for t in rules if t not in ARM_TRAVERSALS]
+    if bad:
+        raise ConfigError(
+            f"unknown traversal(s) {', '.join(bad)}; valid traversals are: "
+            f"{', '.join(ARM_TRAVERSALS)}"
+        )
+    return [Arm(f"{e}/{t}", e, t) for e in names for t in rules]
+
+
+def _prompts_digest(prompts: Sequence[Prompt]) -> str:
+    payload = json.dumps(
+        [[p.text, list(p.token_ids) if p.token_ids is not None else None] for p in prompts]
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]:
+    """What defines the work of a chain: a resumed run must agree on all of it.
+
+    Traversals and engines may be added to a run directory later (new arms); an engine already
+    there must keep its kind and model.
+    """
+    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals"})
+    engines: dict[str, Any] = {}
+    for e in cfg.engines:
+        model: str | None
+        if isinstance(e, HttpEngineConfig):
+            model = e.model
+        elif isinstance(e, EmbeddedEngineConfig):
+            model = f"{defaults.EMBEDDED_MODEL}:{e.dtype}"
+        else:
+            model = f"reference:{e.vocab_size}:{e.model_seed}:{e.logit_scale}:{e.top_k}"
+        engines[str(e.name)] = {"kind": e.kind, "model": model, "eos_token_id": e.eos_token_id}
+    return {
+        "sampler": sampler,
+        "seed": cfg.seed,
+        "chains_per_prompt": cfg.chains_per_prompt,
+        "prompts": {
+            "count": len(prompts),
+            "digest": _prompts_digest(prompts),
+            "chat_template": cfg.prompts.chat_template,
+            "system_prompt": cfg.prompts.system_prompt,
+        },
+        "engines": engines,
+    }
+
+
+def make_plan(
+    cfg: JobConfig,
+    *,
+    engines: Sequence[str] | None = None,
+    traversals: Sequence[str] | None = None,
+    prompts: Sequence[Prompt] | None = None,
+) -> JobPlan:
+    """The chains of a job, in run order (arms interleaved chain by chain)."""
+    plist = list(prompts) if prompts is not None else load_prompts(cfg)
+    arms = make_arms(cfg, engines=engines, traversals=traversals)
+    chains: list[PlannedChain] = []
+    n = len(arms)
+    for p in plist:
+        for c in range(cfg.chains_per_prompt):
+            seed = chain_seed(cfg.seed, p.index, c)
+            shift = (p.index * cfg.chains_per_prompt + c) % n
+            for arm in arms[shift:] + arms[:shift]:
+                cid = f"{arm.arm}/p{p.index:04d}/c{c:03d}"
+                chains.append(PlannedChain(cid, arm, p.index, c, seed))
+    return JobPlan(cfg, plist, arms, chains, job_fingerprint(cfg, plist))
+
+
+def describe_plan(plan: JobPlan, finished: int = 0) -> str:
+    """What a job would run, in words (``presto validate``)."""
+    cfg = plan.config
+    s = cfg.sampler
+    lines = [f"job {cfg.name}: {len(plan.chains)} chain(s) -> {plan.output_dir}"]
+    for e in cfg.engines:
+        if isinstance(e, HttpEngineConfig):
+            where = ", ".join(redact_url(u) for u in e.urls)
+            extra = f" model={e.model or '(from server)'} logprob_mode={e.logprob_mode}"
+        elif isinstance(e, EmbeddedEngineConfig):
+            where = "embedded CPU server (started by presto)"
+            extra = f" model={defaults.EMBEDDED_MODEL} dtype={e.dtype}"
+        else:
+            where = "in-process reference model"
+            extra = f" vocab={e.vocab_size} top_k={e.top_k}"
+        lines.append(
+            f"  engine {e.name} [{e.kind}] {where};{extra} max_concurrency={e.max_concurrency}"
+        )
+    tau = s.tau if s.tau is not None else 1 / s.alpha
+    lines.append(
+        f"  sampler {s.sampler}: alpha={s.alpha} tau={tau:g}"
+        f" block_size={s.block_size} num_blocks={s.num_blocks} K={s.steps_per_block}"
+        f" n_pf={s.n_pf} window={s.window} epsilon={s.epsilon}"
+    )
+    lines.append(f"  arms: {', '.join(a.arm for a in plan.arms)}")
+    lines.append(
+        f"  {len(plan.prompts)} prompt(s) x {cfg.chains_per_prompt} chain(s) x "
+        f"{len(plan.arms)} arm(s) = {len(plan.chains)} chain(s); root seed {cfg.seed}"
+    )
+    lines.append(
+        f"  at most {cfg.max_concurrency} request(s) in flight, "
+        f"{cfg.max_active_chains or cfg.max_concurrency} chain(s) at once, failure budget "
+        f"{cfg.failure_budget(len(plan.chains))}"
+    )
+    if finished:
+        lines.append(f"  {finished} chain(s) already finished in {plan.output_dir} (resume)")
+    return "\n".join(lines)
+
+
+def pending_engines(plan: JobPlan) -> list[str]:
+    """Engines with chains still to run in the plan's output directory (read-only peek)."""
+    path = plan.output_dir / "samples.jsonl"
+    done = finished_ok(read_jsonl(path)) if path.exists() else {}
+    return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})
