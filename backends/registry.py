@@ -37,6 +37,8 @@ _BUILTIN: dict[str, str] = {
     "sglang": "backends.sglang:SglangAdapter",
     "openai": "backends.openai_compat:OpenAICompatAdapter",
 }
+BUILTIN_BACKENDS: tuple[str, ...] = tuple(_BUILTIN)
+"""The built-in dialects, in the order messages list them."""
 _REGISTRY: dict[str, type[Adapter]] = {}
 
 ENTRY_POINT_GROUP = "presto_client.backends"

@@ -13,14 +13,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from presto_client.core.engine_protocol import FloatArray, ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.rng import TransitionDraws
-from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.state import ChainState
 from presto_client.errors import InvalidResponseError
+
+if TYPE_CHECKING:
+    from presto_client.core.sampler_config import SamplerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,12 +520,24 @@ class _MultiTryBound(RejectionBound):
         return all((u - 1) * (total - float(bj)) - float(bj) + u * one >= 0 for bj in b)
 
 
-_KERNELS: dict[str, type[Kernel]] = {
+SAMPLER_KERNELS: dict[str, type[Kernel]] = {
     "power_mh": PowerMH,
     "entropy_cut": EntropyCut,
     "multi_try_mh": MultiTryMH,
 }
+"""The registry of samplers: name -> kernel class. Every list of sampler names (the job config,
+``SamplerConfig``'s check, the benchmarks) is derived from it
+(:func:`presto_client.core.sampler_config.sampler_names`)."""
+
+
+def register_sampler(name: str, kernel_cls: type[Kernel]) -> None:
+    """Make ``kernel_cls`` available as ``sampler: name`` (replaces an earlier registration)."""
+    if not name or not isinstance(name, str):
+        raise ValueError(f"a sampler name must be a non-empty string, got {name!r}")
+    if not (isinstance(kernel_cls, type) and issubclass(kernel_cls, Kernel)):
+        raise ValueError(f"sampler {name!r}: {kernel_cls!r} is not a presto_client.core.Kernel")
+    SAMPLER_KERNELS[name] = kernel_cls
 
 
 def make_kernel(config: SamplerConfig) -> Kernel:
-    return _KERNELS[config.sampler](config)
+    return SAMPLER_KERNELS[config.sampler](config)

@@ -30,10 +30,10 @@ from presto_client.core.kernels import Kernel, Verdict, make_kernel
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.rng import ChainRandomness, TransitionDraws
 from presto_client.core.sampler_config import (
-    ARM_TRAVERSALS,
     BASELINE_TRAVERSALS,
-    TRAVERSALS,
     SamplerConfig,
+    arm_traversal_names,
+    traversal_names,
 )
 from presto_client.core.speculation import SpeculationBudget, budget_for
 from presto_client.core.state import ChainState
@@ -501,8 +501,10 @@ async def run_chain(
         return await BaselineRunner(engine, sampler, seed, on_round, traversal=traversal).run(
             prompt_ids
         )
-    if traversal not in TRAVERSALS:
-        raise ValueError(f"unknown traversal {traversal!r}; valid traversals are {ARM_TRAVERSALS}")
+    if traversal not in traversal_names():
+        raise ValueError(
+            f"unknown traversal {traversal!r}; valid traversals are {arm_traversal_names()}"
+        )
     runner: _Runner
     # Chains that share an engine share one speculation budget (presto_client.core.speculation).
     capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None

@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from presto_client.core.kernels import SAMPLER_KERNELS
+from presto_client.core.tree import RUNNER_TRAVERSALS, TRAVERSAL_RULES
+
 SamplerName = Literal["power_mh", "entropy_cut", "multi_try_mh"]
 Traversal = Literal["sequential", "bfs", "predictive", "crn", "stream"]
 
@@ -15,12 +18,33 @@ paper), and it keeps α·Δlog p0 meaningful with float32 engine logprobs (noise
 MIN_TAU = 1.0 / MAX_ALPHA
 """The smallest proposal temperature accepted (τ = 1/α at the largest α)."""
 
-SAMPLERS: tuple[str, ...] = ("power_mh", "entropy_cut", "multi_try_mh")
-TRAVERSALS: tuple[str, ...] = ("sequential", "bfs", "predictive", "crn", "stream")
 BASELINE_TRAVERSALS: tuple[str, ...] = ("sample", "low_temperature", "greedy")
 """Arms without MH (presto_client.core.baseline_runners): plain, τ = 1/α and greedy sampling."""
-ARM_TRAVERSALS: tuple[str, ...] = TRAVERSALS + BASELINE_TRAVERSALS
-"""Everything an arm may run: the MH traversals and the baselines."""
+
+
+def sampler_names() -> tuple[str, ...]:
+    """The registered samplers (:data:`presto_client.core.kernels.SAMPLER_KERNELS`)."""
+    return tuple(SAMPLER_KERNELS)
+
+
+def traversal_names() -> tuple[str, ...]:
+    """The MH traversals: ``sequential``, the registered tree rules
+    (:data:`presto_client.core.tree.TRAVERSAL_RULES`), ``stream``."""
+    first, last = RUNNER_TRAVERSALS
+    return (first, *TRAVERSAL_RULES, last)
+
+
+def arm_traversal_names() -> tuple[str, ...]:
+    """Everything an arm may run: the MH traversals and the baselines."""
+    return (*traversal_names(), *BASELINE_TRAVERSALS)
+
+
+SAMPLERS: tuple[str, ...] = sampler_names()
+"""The built-in samplers (later registrations: :func:`sampler_names`)."""
+TRAVERSALS: tuple[str, ...] = traversal_names()
+"""The built-in MH traversals (later registrations: :func:`traversal_names`)."""
+ARM_TRAVERSALS: tuple[str, ...] = arm_traversal_names()
+"""The built-in arm traversals (later registrations: :func:`arm_traversal_names`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +71,10 @@ class SamplerConfig:
     """Responses are truncated at the first EOS after the last block."""
 
     def __post_init__(self) -> None:
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"unknown sampler {self.sampler!r}; valid samplers are {SAMPLERS}")
+        if self.sampler not in sampler_names():
+            raise ValueError(
+                f"unknown sampler {self.sampler!r}; valid samplers are {sampler_names()}"
+            )
         if not 0 < self.alpha <= MAX_ALPHA:  # (NaN fails too)
             raise ValueError(f"alpha must be > 0 and at most {MAX_ALPHA:g}, got {self.alpha}")
         if self.tau is not None and not MIN_TAU <= self.tau < math.inf:

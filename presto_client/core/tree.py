@@ -174,3 +174,22 @@ TRAVERSAL_RULES: dict[str, PlanRule] = {
     "predictive": plan_predictive,
     "crn": plan_crn,
 }
+"""The registry of prefetch-tree traversal rules: name -> rule. The ``PrestoRunner`` runs any rule
+registered here; the traversal names (job config, arms, ``run_chain``) are derived from it
+(:func:`presto_client.core.sampler_config.traversal_names`)."""
+
+
+def register_traversal(name: str, rule: PlanRule) -> None:
+    """Make ``rule`` available as ``traversals: [name]`` (replaces an earlier registration)."""
+    if not name or not isinstance(name, str):
+        raise ValueError(f"a traversal name must be a non-empty string, got {name!r}")
+    if name in RUNNER_TRAVERSALS:
+        raise ValueError(f"traversal {name!r} is served by its own runner, not a tree rule")
+    if not callable(rule):
+        raise ValueError(f"traversal {name!r}: {rule!r} is not callable")
+    TRAVERSAL_RULES[name] = rule
+
+
+RUNNER_TRAVERSALS: tuple[str, ...] = ("sequential", "stream")
+"""Traversals served by a runner of their own rather than a tree rule: the ``sequential``
+baseline (first) and the streaming window (last)."""

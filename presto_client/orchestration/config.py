@@ -27,14 +27,18 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from backends.registry import BUILTIN_BACKENDS, available_backends
 from presto_client import defaults
 from presto_client.core.sampler_config import (
     ARM_TRAVERSALS,
@@ -42,13 +46,30 @@ from presto_client.core.sampler_config import (
     MIN_TAU,
     SAMPLERS,
     SamplerConfig,
+    arm_traversal_names,
+    sampler_names,
 )
 from presto_client.errors import ConfigError
 from presto_client.orchestration.grading import GraderConfig
 from presto_client.urls import redact_url, split_userinfo
 
-HTTP_KINDS: tuple[str, ...] = ("vllm", "sglang", "openai")
-ENGINE_KINDS: tuple[str, ...] = (*HTTP_KINDS, "embedded", "reference")
+LOCAL_KINDS: tuple[str, ...] = ("embedded", "reference")
+"""Engine kinds that are not HTTP backends: the embedded CPU server and the reference model."""
+
+
+def http_kinds() -> tuple[str, ...]:
+    """The HTTP engine kinds: the backends' registry (built-ins first, then registered ones and
+    the entry points of ``presto_client.backends``), never restated here."""
+    names = [k for k in available_backends() if k not in LOCAL_KINDS]
+    return (
+        *[k for k in BUILTIN_BACKENDS if k in names],
+        *[k for k in names if k not in BUILTIN_BACKENDS],
+    )
+
+
+def engine_kinds() -> tuple[str, ...]:
+    """Every valid ``kind`` of an engine in a job config."""
+    return (*http_kinds(), *LOCAL_KINDS)
 
 
 class _Strict(BaseModel):
@@ -81,9 +102,10 @@ class _EngineCommon(_Strict):
 class HttpEngineConfig(_EngineCommon):
     """A running vLLM / SGLang / OpenAI-compatible server (one or several replicas)."""
 
-    kind: Literal["vllm", "sglang", "openai"] = Field(
-        description="Serving dialect: 'vllm' (/v1/completions), 'sglang' (native /generate) or "
-        "'openai' (any OpenAI-compatible completions server)."
+    kind: str = Field(
+        description="Serving dialect, a registered backend: 'vllm' (/v1/completions), 'sglang' "
+        "(native /generate), 'openai' (any OpenAI-compatible completions server), or a "
+        "third-party backend (backends.register_backend, entry points presto_client.backends)."
     )
     base_url: str | None = Field(
         None, description="URL of the server, e.g. http://localhost:8000 (or use base_urls)."
@@ -129,6 +151,15 @@ class HttpEngineConfig(_EngineCommon):
         None, ge=2, description="Vocabulary size; needed only for temperatures above 1."
     )
     probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        if kind not in http_kinds():
+            raise ValueError(
+                f"unknown engine kind {kind!r}; valid kinds are: {', '.join(engine_kinds())}"
+            )
+        return kind
 
     @model_validator(mode="after")
     def _one_url(self) -> HttpEngineConfig:
@@ -198,9 +229,28 @@ class ReferenceEngineConfig(_EngineCommon):
     )
 
 
+def _engine_tag(value: Any) -> str | None:
+    """Which config class an engine entry is: its local kind, or ``http`` for any other kind
+    (checked against the backends' registry by :class:`HttpEngineConfig`)."""
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    if kind is None:
+        return None
+    return kind if kind in LOCAL_KINDS else "http"
+
+
+_ENGINE_TAGS: dict[str, type[BaseModel]] = {
+    "http": HttpEngineConfig,
+    "embedded": EmbeddedEngineConfig,
+    "reference": ReferenceEngineConfig,
+}
+
 EngineConfig = Annotated[
-    Union[HttpEngineConfig, EmbeddedEngineConfig, ReferenceEngineConfig],  # noqa: UP007
-    Field(discriminator="kind"),
+    Union[  # noqa: UP007
+        Annotated[HttpEngineConfig, Tag("http")],
+        Annotated[EmbeddedEngineConfig, Tag("embedded")],
+        Annotated[ReferenceEngineConfig, Tag("reference")],
+    ],
+    Discriminator(_engine_tag),
 ]
 
 
@@ -280,9 +330,26 @@ class Prompt:
 # --------------------------------------------------------------------------------------------
 
 
-TraversalName = Literal[
-    "sequential", "bfs", "predictive", "crn", "stream", "sample", "low_temperature", "greedy"
-]
+def _known_traversal(name: str) -> str:
+    valid = arm_traversal_names()
+    if name not in valid:
+        raise ValueError(
+            f"unknown traversal {name!r}; valid traversals are: {', '.join(map(repr, valid))}"
+        )
+    return name
+
+
+def _known_sampler(name: str) -> str:
+    valid = sampler_names()
+    if name not in valid:
+        raise ValueError(f"unknown sampler {name!r}; valid samplers are: {', '.join(valid)}")
+    return name
+
+
+TraversalName = Annotated[str, AfterValidator(_known_traversal)]
+"""A registered traversal (:func:`presto_client.core.sampler_config.arm_traversal_names`)."""
+SamplerName = Annotated[str, AfterValidator(_known_sampler)]
+"""A registered sampler (:func:`presto_client.core.sampler_config.sampler_names`)."""
 
 
 def _default_traversals() -> list[TraversalName]:
@@ -292,7 +359,7 @@ def _default_traversals() -> list[TraversalName]:
 class SamplerSettings(_Strict):
     """The sampler every arm runs, and the traversals (baseline and PreSTO rules) to run it with."""
 
-    sampler: Literal["power_mh", "entropy_cut", "multi_try_mh"] = Field(
+    sampler: SamplerName = Field(
         "power_mh", description=f"Which power sampler: one of {', '.join(SAMPLERS)}."
     )
     alpha: float = Field(
@@ -566,7 +633,7 @@ def _models_at(loc: Sequence[str | int]) -> list[type[BaseModel]]:
         if isinstance(part, int):
             continue
         if len(models) > 1:
-            tagged = [m for m in models if part in _kinds_of(m)]
+            tagged = [m for m in models if _ENGINE_TAGS.get(str(part)) is m]
             if tagged:
                 models = tagged
                 continue
@@ -581,18 +648,13 @@ def _models_at(loc: Sequence[str | int]) -> list[type[BaseModel]]:
     return models
 
 
-def _kinds_of(model: type[BaseModel]) -> tuple[str, ...]:
-    f = model.model_fields.get("kind")
-    return () if f is None else tuple(str(a) for a in typing.get_args(f.annotation))
-
-
 def _clean_loc(loc: Sequence[str | int]) -> list[str | int]:
     out: list[str | int] = []
     for i, part in enumerate(loc):
-        # pydantic puts the union tag after the list index: engines.1.vllm.base_url
+        # pydantic puts the union tag after the list index: engines.1.http.base_url
         if (
             isinstance(part, str)
-            and part in ENGINE_KINDS
+            and part in _ENGINE_TAGS
             and i >= 2
             and isinstance(loc[i - 1], int)
             and loc[i - 2] == "engines"
@@ -642,7 +704,7 @@ def _format_error(err: Any, overridden: dict[str, str]) -> str:
         msg = f"unknown engine kind {err.get('input', {}).get('kind')!r}"
         if etype == "union_tag_not_found":
             msg = "engine has no kind"
-        hint = f"set kind to one of: {', '.join(ENGINE_KINDS)}"
+        hint = f"set kind to one of: {', '.join(engine_kinds())}"
     else:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from presto_client import defaults
-from presto_client.core.sampler_config import ARM_TRAVERSALS
+from presto_client.core.sampler_config import arm_traversal_names
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import (
     EmbeddedEngineConfig,
@@ -94,11 +94,11 @@ def make_arms(
             )
         names = [n for n in names if n in engines]
     rules = list(traversals) if traversals else list(cfg.sampler.traversals)
-    bad = [t for t in rules if t not in ARM_TRAVERSALS]
+    valid = arm_traversal_names()
+    bad = [t for t in rules if t not in valid]
     if bad:
         raise ConfigError(
-            f"unknown traversal(s) {', '.join(bad)}; valid traversals are: "
-            f"{', '.join(ARM_TRAVERSALS)}"
+            f"unknown traversal(s) {', '.join(bad)}; valid traversals are: {', '.join(valid)}"
         )
     return [Arm(f"{e}/{t}", e, t) for e in names for t in rules]
 

@@ -1,23 +1,29 @@
 """A third-party backend is one file plus its tests: the toy dialect of tests/support.
 
 Registered at run time (:func:`backends.register_backend`) or declared as an entry point in the
-group ``presto_client.backends``, it is listed by the registry, built by ``create_engine`` and
-driven by the shared HTTP engine (here over ``httpx.MockTransport``: no network).
+group ``presto_client.backends``, it is listed by the registry, accepted by a YAML job config and
+``presto validate``, built by ``create_engine`` and driven by the shared HTTP engine (here over
+``httpx.MockTransport``: no network).
 """
 
 from __future__ import annotations
 
+import io
 import json
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import yaml
 
 import backends.registry
 from backends import EngineSpec, available_backends, create_engine, register_backend
+from presto_client.cli import main as cli_main
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import ConfigError
+from presto_client.orchestration.config import load_job_config
 from tests.support.toy_backend import ToyAdapter
 
 
@@ -84,3 +90,35 @@ def test_a_broken_entry_point_is_a_config_error(monkeypatch: pytest.MonkeyPatch)
     assert "bad" in available_backends()
     with pytest.raises(ConfigError, match="backend 'bad': cannot load no_such_module_xyz"):
         create_engine(EngineSpec("bad", ("http://h:1",)))
+
+
+def _toy_job(tmp_path: Path) -> Path:
+    path = tmp_path / "toy.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [{"kind": "toy", "base_url": "http://toy:1", "model": "m"}],
+                "prompts": {"token_ids": [[1, 2]]},
+                "sampler": {"traversals": ["sequential", "crn"]},
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    return path
+
+
+def test_yaml_refuses_an_unregistered_kind(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown engine kind 'toy'; valid kinds are: vllm"):
+        load_job_config(_toy_job(tmp_path))
+
+
+@pytest.mark.parametrize("how", ["toy_registered", "toy_entry_point"])
+def test_yaml_and_presto_validate_accept_a_third_party_backend(
+    how: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    request.getfixturevalue(how)
+    cfg = load_job_config(_toy_job(tmp_path))
+    assert cfg.engines[0].kind == "toy"
+    out = io.StringIO()
+    assert cli_main(["validate", str(_toy_job(tmp_path))], out=out) == 0
+    assert "engine toy [toy]" in out.getvalue() and "toy/crn" in out.getvalue()
