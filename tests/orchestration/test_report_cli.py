@@ -196,7 +196,7 @@ def test_validate_the_demo_without_starting_anything() -> None:
     status, out = run_cli("validate", str(ROOT / "configs" / "demo.yaml"), "-o", "/nonexistent")
     assert status == 0
     assert "embedded CPU server (started by presto)" in out
-    assert "embedded/sequential, embedded/crn, embedded/predictive" in out
+    assert "embedded/sequential, embedded/stream, embedded/crn, embedded/predictive" in out
 
 
 def test_serve_embedded_delegates_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
