@@ -611,6 +611,58 @@ class Adapter:
                         max_len = entry["max_model_len"]
         return ParsedModels(names, max_len)
 
+    # ---- the tokenizer (text prompts in, response text out): builders and parsers (pure)
+
+    tokenize_paths: ClassVar[tuple[str, ...]] = ("/tokenize", "/v1/tokenize")
+    """Tokenizer endpoints, tried in order: vLLM's (the embedded engine serves them too; SGLang
+    serves the same shape on recent versions — *check*)."""
+    detokenize_paths: ClassVar[tuple[str, ...]] = ("/detokenize", "/v1/detokenize")
+
+    def build_tokenize(
+        self,
+        text: str,
+        model: str | None,
+        *,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+    ) -> list[HttpCall]:
+        """Calls that tokenize ``text`` (as a user turn through the model's chat template when
+        ``chat_template``), one per endpoint to try, in order."""
+        payload: dict[str, Any]
+        if chat_template:
+            messages = [{"role": "user", "content": text}]
+            if system_prompt is not None:
+                messages.insert(0, {"role": "system", "content": system_prompt})
+            payload = {"messages": messages, "add_generation_prompt": True}
+        else:
+            payload = {"prompt": text, "add_special_tokens": True}
+        if model is not None:
+            payload = {"model": model, **payload}
+        return [HttpCall(path, payload, "tokenize") for path in self.tokenize_paths]
+
+    def parse_tokenize(self, body: Any) -> tuple[int, ...]:
+        """The token ids of a tokenize answer (``{"tokens": [...]}``)."""
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise InvalidResponseError(
+                f"/tokenize answered without a token list: {str(body)[:200]}"
+            )
+        if not tokens:
+            raise InvalidResponseError("a prompt tokenized to zero tokens")
+        return tuple(tokens)
+
+    def build_detokenize(self, token_ids: Sequence[int], model: str | None) -> list[HttpCall]:
+        """Calls that turn ``token_ids`` into text, one per endpoint to try, in order."""
+        payload: dict[str, Any] = {"tokens": [int(t) for t in token_ids]}
+        if model is not None:
+            payload = {"model": model, **payload}
+        return [HttpCall(path, payload, "detokenize") for path in self.detokenize_paths]
+
+    def parse_detokenize(self, body: Any) -> str | None:
+        """The text of a detokenize answer (``prompt`` or ``text``); ``None`` without one."""
+        text = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
+        return text if isinstance(text, str) else None
+
     def full_vocab_top_k(self) -> int | None:
         """What to send as top-K to get the whole vocabulary (``None``: not possible)."""
         return None

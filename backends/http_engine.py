@@ -23,6 +23,7 @@ from backends.adapter import (
     RAW,
     SCALED,
     Adapter,
+    HttpCall,
     TokenLogprobs,
     exact_from_full_rows,
     exact_from_normalisers,
@@ -538,6 +539,45 @@ class HttpEngine:
                 f"To tighten such decisions instead: {self.adapter.hint_for_scoring()}"
             )
         report.details["exact_scoring"] = float(bool(self._scoring_ok))
+
+    # ---- the tokenizer
+
+    async def tokenize(
+        self, text: str, *, chat_template: bool = False, system_prompt: str | None = None
+    ) -> tuple[int, ...]:
+        """Token ids of ``text`` under the served model's tokenizer (optionally as a chat turn)."""
+        calls = self.adapter.build_tokenize(
+            text, await self.model(), chat_template=chat_template, system_prompt=system_prompt
+        )
+        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        try:
+            return self.adapter.parse_tokenize(body)
+        except InvalidResponseError as exc:
+            raise InvalidResponseError(str(exc), engine=self.name) from None
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str | None:
+        """The text of ``token_ids`` (``None`` when the server's answer has none)."""
+        calls = self.adapter.build_detokenize(token_ids, await self.model())
+        return self.adapter.parse_detokenize(
+            await self._first_answer(calls, "detokenize", "responses need")
+        )
+
+    async def _first_answer(self, calls: Sequence[HttpCall], label: str, fix: str) -> Any:
+        """The answer of the first call the server accepts (a 404 on one path: the next)."""
+        last: EngineRequestError | None = None
+        for call in calls:
+            try:
+                return await self.transport.request_json(
+                    "POST", call.path, call.payload, label=label
+                )
+            except EngineRequestError as exc:
+                last = exc
+        assert last is not None
+        paths = " or ".join(c.path for c in calls)
+        raise EngineRequestError(  # every path rejected: asking again will not help
+            f"the server cannot {label} ({last}); {fix} a server with a {paths} endpoint",
+            engine=self.name,
+        )
 
     # ---- lifecycle
 

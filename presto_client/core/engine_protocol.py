@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -179,3 +179,55 @@ class ConcurrencyBounded(Protocol):
 
     @property
     def max_concurrency(self) -> int: ...
+
+
+# ---- optional capabilities: what an engine may offer beyond the protocol (checked with
+# isinstance, never with hasattr/getattr). The HTTP engine (backends.http_engine.HttpEngine)
+# offers all of them; the reference engine none.
+
+
+@runtime_checkable
+class Tokenizing(Protocol):
+    """An engine that tokenizes text with its model's own tokenizer (text prompts)."""
+
+    async def tokenize(
+        self, text: str, *, chat_template: bool = False, system_prompt: str | None = None
+    ) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class Detokenizing(Protocol):
+    """An engine that turns token ids back into text (the response text of a chain)."""
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str | None: ...
+
+
+@runtime_checkable
+class Probing(Protocol):
+    """An engine that checks its server before a job (health, model, logprob semantics); the
+    report has ``ok``, ``problems`` and ``base_url``."""
+
+    async def probe(self) -> Any: ...
+
+
+@runtime_checkable
+class Identified(Protocol):
+    """An engine that says what it serves (model, version, max_model_len, logprob mode), recorded
+    in the run directory so that a resume cannot mix engines."""
+
+    async def identity(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class PrefixCacheMetered(Protocol):
+    """An engine that reads its server's prefix-cache counters (``prefix_cache_queries``,
+    ``prefix_cache_hits``)."""
+
+    async def metrics(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class ContextLimited(Protocol):
+    """An engine whose server states its context length (``None`` until known)."""
+
+    max_model_len: int | None

@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from presto_client import defaults
+from presto_client.core.engine_protocol import (
+    ContextLimited,
+    Identified,
+    PrefixCacheMetered,
+    Probing,
+)
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.orchestration.config import (
@@ -171,7 +177,7 @@ async def open_engines(
 
 async def probe_engine(handle: OpenedEngine) -> list[Any]:
     """Probe every replica; a replica with problems raises :class:`ProbeError`."""
-    reports = await asyncio.gather(*(r.probe() for r in handle.replicas if hasattr(r, "probe")))
+    reports = await asyncio.gather(*(r.probe() for r in handle.replicas if isinstance(r, Probing)))
     for report in reports:  # (the backend logs the probe's warnings itself)
         if not report.ok:
             raise ProbeError(
@@ -184,11 +190,10 @@ async def probe_engine(handle: OpenedEngine) -> list[Any]:
 async def read_prefix_cache_counters(handle: OpenedEngine) -> dict[str, float] | None:
     total: dict[str, float] = {}
     for r in handle.replicas:
-        fn = getattr(r, "metrics", None)
-        if fn is None:
+        if not isinstance(r, PrefixCacheMetered):
             return None
         try:
-            m = await asyncio.wait_for(fn(), timeout=10)
+            m = await asyncio.wait_for(r.metrics(), timeout=10)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -210,7 +215,11 @@ def check_lengths(
     response = s.block_size * s.num_blocks
     known = [len(p.token_ids) for p in plan.prompts if p.token_ids is not None]
     for name, handle in engines.items():
-        limits = [r.max_model_len for r in handle.replicas if getattr(r, "max_model_len", None)]
+        limits = [
+            r.max_model_len
+            for r in handle.replicas
+            if isinstance(r, ContextLimited) and r.max_model_len
+        ]
         if not limits:
             continue
         limit = min(limits)
@@ -235,7 +244,7 @@ async def engine_identities(engines: Mapping[str, OpenedEngine]) -> dict[str, di
     must agree."""
     out: dict[str, dict[str, Any]] = {}
     for name, handle in engines.items():
-        found = [await r.identity() for r in handle.replicas if hasattr(r, "identity")]
+        found = [await r.identity() for r in handle.replicas if isinstance(r, Identified)]
         if not found:
             continue
         models = sorted({str(i["model"]) for i in found})

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from orch_helpers import make_config
 
-from presto_client.errors import EngineError, EngineRequestError
+from backends import EngineSpec, create_engine
+from presto_client.errors import EngineError
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.plan import make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
@@ -85,41 +87,37 @@ async def test_unreachable_engine_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-class _FakeTransport:
+class _Tokenizer:
+    """A server that knows some paths (``{path: answer}``) and answers 404 to the others; the
+    HTTP engine of the vLLM dialect in front of it (its adapter builds, its transport sends)."""
+
     def __init__(self, known: dict[str, Any]) -> None:
         self.known = known
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        spec = EngineSpec("vllm", ("http://tokenizer:1",), model="m", name="fake")
+        self.engine = create_engine(spec, transport=httpx.MockTransport(self.answer))
 
-    async def request_json(
-        self, method: str, path: str, payload: dict[str, Any] | None = None, *, label: str
-    ) -> Any:
-        self.sent.append((path, dict(payload or {})))
-        if path not in self.known:
-            raise EngineRequestError(f"404 Not Found: {path}")
-        return self.known[path]
-
-
-class _FakeEngine:
-    name = "fake"
-
-    def __init__(self, known: dict[str, Any]) -> None:
-        self.transport = _FakeTransport(known)
-
-    async def model(self) -> str:
-        return "m"
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((request.url.path, json.loads(request.content or b"{}")))
+        if request.url.path not in self.known:
+            return httpx.Response(
+                404, json={"error": {"message": f"Not Found: {request.url.path}"}}
+            )
+        return httpx.Response(200, json=self.known[request.url.path])
 
 
 async def test_prompts_are_tokenized_by_the_engine() -> None:
-    engine = _FakeEngine({"/tokenize": {"tokens": [5, 6, 7]}, "/detokenize": {"prompt": "hi"}})
+    server = _Tokenizer({"/tokenize": {"tokens": [5, 6, 7]}, "/detokenize": {"prompt": "hi"}})
+    engine = server.engine
     assert await encode(engine, "hello") == (5, 6, 7)
-    path, payload = engine.transport.sent[-1]
+    path, payload = server.sent[-1]
     assert path == "/tokenize" and payload == {
         "model": "m",
         "prompt": "hello",
         "add_special_tokens": True,
     }
     await encode(engine, "hello", chat_template=True, system_prompt="be brief")
-    _, payload = engine.transport.sent[-1]
+    _, payload = server.sent[-1]
     assert payload["messages"] == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hello"},
@@ -129,9 +127,8 @@ async def test_prompts_are_tokenized_by_the_engine() -> None:
 
 
 async def test_tokenize_falls_back_and_explains() -> None:
-    engine = _FakeEngine({"/v1/tokenize": {"tokens": [1]}})
-    assert await encode(engine, "x") == (1,)
-    nothing = _FakeEngine({})
+    assert await encode(_Tokenizer({"/v1/tokenize": {"tokens": [1]}}).engine, "x") == (1,)
+    nothing = _Tokenizer({}).engine
     with pytest.raises(EngineError, match=r"give prompts\.token_ids"):
         await encode(nothing, "x")
     assert await decode(nothing, [1]) is None  # a missing text never fails a chain
@@ -139,10 +136,10 @@ async def test_tokenize_falls_back_and_explains() -> None:
 
 async def test_a_server_without_detokenize_is_asked_once(caplog: pytest.LogCaptureFixture) -> None:
     """Not two failing requests and a log line per chain: once per engine."""
-    engine = _FakeEngine({})
+    server = _Tokenizer({})
     with caplog.at_level("INFO", logger="presto_client.orchestration.prompt_tokens"):
         for _ in range(5):
-            assert await decode(engine, [1, 2]) is None
-    assert [p for p, _ in engine.transport.sent] == ["/detokenize", "/v1/detokenize"]
+            assert await decode(server.engine, [1, 2]) is None
+    assert [p for p, _ in server.sent] == ["/detokenize", "/v1/detokenize"]
     assert len(caplog.records) == 1
     assert "samples keep the token ids" in caplog.text and "give prompts" not in caplog.text
