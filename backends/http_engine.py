@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import httpx
 import numpy as np
@@ -33,6 +33,7 @@ from backends.adapter import (
 from backends.metrics import prefix_cache_metrics
 from backends.spec import Capabilities, EngineSpec, ProbeReport
 from backends.transport import Sleep, Transport
+from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     FloatArray,
     ProposalRequest,
@@ -52,8 +53,6 @@ from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 # Probe settings: a short prompt, a few tokens at a low temperature.
 PROBE_PROMPT: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
 PROBE_TOKENS = 8
@@ -63,34 +62,6 @@ SEMANTICS_INDISTINCT = 1e-3
 """Below this mean difference raw and scaled logprobs cannot be told apart (confident tokens)."""
 SEMANTICS_DRIFT_WARN = 0.05
 """Above this the matching hypothesis still leaves a large numeric drift (bf16?)."""
-
-
-async def gather_or_cancel(aws: Sequence[Awaitable[T]]) -> list[T]:
-    """Run awaitables concurrently; on the first failure cancel the rest and raise it.
-
-    Cancelling the caller cancels every child (and so aborts their HTTP requests).
-    """
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    if not tasks:
-        return []
-    try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        # (t.exception() of every done sibling is read: none is left "never retrieved")
-        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
-        if failed:
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            first = min(failed, key=tasks.index)
-            exc = first.exception()
-            assert exc is not None
-            raise exc
-        return [t.result() for t in tasks]
-    except asyncio.CancelledError:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def _label(request: ProposalRequest, index: int | None = None) -> str:
@@ -211,7 +182,7 @@ class HttpEngine:
 
     async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
         model = await self.model() if requests else ""
-        return await gather_or_cancel(
+        return await gather_or_fail(
             [self._generate_one(r, model, _label(r, i)) for i, r in enumerate(requests)]
         )
 
@@ -297,7 +268,7 @@ class HttpEngine:
                 engine=self.name,
             )
         model = await self.model()
-        return await gather_or_cancel(
+        return await gather_or_fail(
             [self._score_one(r, model, f"score request {i}") for i, r in enumerate(requests)]
         )
 
@@ -310,7 +281,7 @@ class HttpEngine:
                 (*request.prefix, *request.token_ids[:i]) for i in range(len(request.token_ids))
             ]
             temps = [t for t in request.scores.temperatures if not math.isclose(t, 1.0)]
-            rows = await gather_or_cancel(
+            rows = await gather_or_fail(
                 [self._next_token_topk(contexts, t, model, label) for t in temps]
             )
             return exact_from_normalisers(
@@ -340,7 +311,7 @@ class HttpEngine:
     ) -> TokenLogprobs:
         nlabel = f"normalisers at τ={temperature:g} for {label}"
         calls = self.adapter.build_next_token_topk(contexts, temperature, model, label=nlabel)
-        bodies = await gather_or_cancel(
+        bodies = await gather_or_fail(
             [self.transport.request_json("POST", c.path, c.payload, label=nlabel) for c in calls]
         )
         return self.adapter.parse_next_token_topk(calls, bodies, len(contexts), label=nlabel)

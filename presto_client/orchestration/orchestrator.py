@@ -26,10 +26,11 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
@@ -113,32 +114,6 @@ class FifoSemaphore:
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
-
-
-async def gather_or_fail(aws: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run coroutines concurrently; results in order. The first failure cancels the rest and is
-    raised as itself (not wrapped); cancellation of the caller cancels all and is re-raised."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    if not tasks:
-        return []
-    try:
-        _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    except asyncio.CancelledError:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    if pending:
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    # Read every sibling's exception (else asyncio logs "Task exception was never retrieved"
-    # for each); the earliest request (in order) that failed is the error we report.
-    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
-    return [t.result() for t in tasks]
 
 
 class Limits:

@@ -8,8 +8,8 @@ import socket
 import httpx
 import pytest
 
-from backends.http_engine import gather_or_cancel
 from backends.transport import Transport, parse_retry_after
+from presto_client.concurrency import gather_or_fail
 from presto_client.errors import (
     EngineError,
     EngineRequestError,
@@ -199,7 +199,7 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
 
 
-async def test_gather_or_cancel_cancels_siblings_on_failure() -> None:
+async def test_gather_or_fail_cancels_siblings_on_failure() -> None:
     cancelled = []
 
     async def slow(i: int) -> int:
@@ -215,6 +215,6 @@ async def test_gather_or_cancel_cancels_siblings_on_failure() -> None:
         raise EngineError("boom")
 
     with pytest.raises(EngineError, match="boom"):
-        await gather_or_cancel([slow(0), fail(), slow(2)])
+        await gather_or_fail([slow(0), fail(), slow(2)])
     assert sorted(cancelled) == [0, 2]
-    assert await gather_or_cancel([asyncio.sleep(0, result=1)]) == [1]
+    assert await gather_or_fail([asyncio.sleep(0, result=1)]) == [1]

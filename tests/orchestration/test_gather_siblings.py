@@ -1,4 +1,5 @@
-"""Gather helpers read every sibling's exception (issue 10, item 9): no "Task exception was
+"""The gather helper (presto_client.concurrency.gather_or_fail, used by the backends and the
+orchestration alike) reads every sibling's exception (issue 10, item 9): no "Task exception was
 never retrieved" when several requests of a batch fail (a server rejecting top-20)."""
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from backends.http_engine import gather_or_cancel
-from presto_client.orchestration.orchestrator import gather_or_fail
+from presto_client.concurrency import gather_or_fail
 
 
 async def _fails(delay: float, n: int) -> int:
@@ -27,7 +27,7 @@ async def _ok(delay: float) -> int:
 Helper = Callable[[Sequence[Any]], Awaitable[list[Any]]]
 
 
-@pytest.mark.parametrize("helper", [gather_or_fail, gather_or_cancel])
+@pytest.mark.parametrize("helper", [gather_or_fail])
 def test_sibling_failures_are_retrieved(helper: Helper) -> None:
     unretrieved: list[dict[str, Any]] = []
     raised: list[str] = []

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from orch_helpers import PROMPTS, CountingEngine, reference_engine, wait_until
 
+from presto_client.concurrency import gather_or_fail
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.orchestration.orchestrator import (
@@ -19,7 +20,6 @@ from presto_client.orchestration.orchestrator import (
     JobFailedError,
     LimitedEngine,
     Orchestrator,
-    gather_or_fail,
 )
 
 SAMPLER = SamplerConfig(alpha=4.0, block_size=8, num_blocks=1, steps_per_block=6)
