@@ -203,6 +203,9 @@ class Kernel:
 
     #: Whether the cut law depends on the state (EntropyCut): trees must verify speculated cuts.
     state_dependent_cut: bool = False
+    #: The sampler's own settings (``SamplerConfig`` fields beyond the common ones): what a job
+    #: config's ``sampler: {kind: NAME, ...}`` block may hold.
+    settings: tuple[str, ...] = ()
 
     def __init__(self, config: SamplerConfig) -> None:
         self.config = config
@@ -300,6 +303,7 @@ class EntropyCut(Kernel):
     """
 
     state_dependent_cut = True
+    settings = ("beta",)
 
     def __init__(self, config: SamplerConfig) -> None:
         super().__init__(config)
@@ -353,6 +357,8 @@ class MultiTryMH(Kernel):
     select ``J ∝ w_J``; accept with ``min(1, W / (W − w_J + 1))``. With interval scores both the
     selection and the acceptance are certified by monotonicity (see :meth:`evaluate`).
     """
+
+    settings = ("k_try", "temperatures")
 
     def __init__(self, config: SamplerConfig) -> None:
         super().__init__(config)

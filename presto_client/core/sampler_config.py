@@ -27,6 +27,12 @@ def sampler_names() -> tuple[str, ...]:
     return tuple(SAMPLER_KERNELS)
 
 
+def sampler_settings(name: str) -> tuple[str, ...]:
+    """A registered sampler's own settings (its kernel's ``settings``); ``()`` if unknown."""
+    kernel = SAMPLER_KERNELS.get(name)
+    return () if kernel is None else tuple(kernel.settings)
+
+
 def traversal_names() -> tuple[str, ...]:
     """The MH traversals: ``sequential``, the registered tree rules
     (:data:`presto_client.core.tree.TRAVERSAL_RULES`), ``stream``."""

@@ -48,6 +48,7 @@ from presto_client.core.sampler_config import (
     SamplerConfig,
     arm_traversal_names,
     sampler_names,
+    sampler_settings,
 )
 from presto_client.errors import ConfigError
 from presto_client.orchestration.grading import GraderConfig
@@ -360,7 +361,10 @@ class SamplerSettings(_Strict):
     """The sampler every arm runs, and the traversals (baseline and PreSTO rules) to run it with."""
 
     sampler: SamplerName = Field(
-        "power_mh", description=f"Which power sampler: one of {', '.join(SAMPLERS)}."
+        "power_mh",
+        description=f"Which power sampler: one of {', '.join(SAMPLERS)}; or a block with its "
+        "own settings, e.g. {kind: entropy_cut, beta: 4} or "
+        "{kind: multi_try_mh, k_try: 4, temperatures: [0.5, 1.0]}.",
     )
     alpha: float = Field(
         4.0,
@@ -410,6 +414,39 @@ class SamplerSettings(_Strict):
         min_length=1,
         description="MultiTryMH: temperatures a candidate may be drawn at.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sampler_block(cls, data: Any) -> Any:
+        """``sampler: {kind: entropy_cut, beta: 4}``: the sampler with its own settings in one
+        block, discriminated on ``kind`` (each kind's settings come from the samplers' registry).
+        It is read into the flat fields, the form old configs use and the one a run directory
+        records (so the two forms are the same job)."""
+        if not isinstance(data, dict) or not isinstance(data.get("sampler"), dict):
+            return data
+        block = dict(data["sampler"])
+        kind = block.pop("kind", None)
+        valid = sampler_names()
+        if kind not in valid:
+            raise ValueError(
+                f"sampler: {{kind: ...}} names no known sampler ({kind!r}); valid samplers "
+                f"are: {', '.join(valid)}"
+            )
+        own = sampler_settings(kind)
+        unknown = [k for k in block if k not in own]
+        if unknown:
+            raise ValueError(
+                f"sampler {kind!r} has no setting {', '.join(map(repr, unknown))}; its own "
+                f"settings are: {', '.join(own) or 'none'} (common ones, e.g. alpha, go beside "
+                "the sampler block)"
+            )
+        twice = [k for k in block if k in data]
+        if twice:
+            raise ValueError(
+                f"{', '.join(twice)} given twice: inside sampler: {{kind: {kind}, ...}} and "
+                "beside it"
+            )
+        return {**data, "sampler": kind, **block}
 
     @model_validator(mode="before")
     @classmethod
