@@ -418,10 +418,20 @@ class SamplerSettings(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _sampler_block(cls, data: Any) -> Any:
-        """``sampler: {kind: entropy_cut, beta: 4}``: the sampler with its own settings in one
-        block, discriminated on ``kind`` (each kind's settings come from the samplers' registry).
-        It is read into the flat fields, the form old configs use and the one a run directory
-        records (so the two forms are the same job)."""
+        """A sampler's own settings discriminated on ``kind`` (each kind's settings come from the
+        samplers' registry): ``sampler: {kind: entropy_cut, beta: 4, alpha: 4}``, or the block
+        ``sampler: {sampler: {kind: entropy_cut, beta: 4}, alpha: 4}``. Both are read into the
+        flat fields, the form old configs use and the one a run directory records (so every form
+        is the same job); a setting of another sampler is refused."""
+        if isinstance(data, dict) and "kind" in data:  # sampler: {kind: entropy_cut, beta: 4}
+            if "sampler" in data:
+                raise ValueError("give kind or sampler, not both (they name the same thing)")
+            data = dict(data)
+            kind = data.pop("kind")
+            own = sampler_settings(kind)
+            every = {k for n in sampler_names() for k in sampler_settings(n)}
+            block = {"kind": kind, **{k: data.pop(k) for k in [*data] if k in every | set(own)}}
+            data["sampler"] = block
         if not isinstance(data, dict) or not isinstance(data.get("sampler"), dict):
             return data
         block = dict(data["sampler"])

@@ -51,3 +51,14 @@ def test_an_unknown_kind_lists_the_samplers(tmp_path: Path) -> None:
 def test_a_setting_given_twice_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="beta given twice"):
         _config(tmp_path, {"sampler": {"kind": "entropy_cut", "beta": 2.0}, "beta": 3.0})
+
+
+def test_kind_at_the_top_of_the_sampler_section(tmp_path: Path) -> None:
+    """``sampler: {kind: entropy_cut, beta: 4, alpha: 4}``: the issue's form."""
+    a = _config(tmp_path, {"kind": "entropy_cut", "beta": 2.0, "alpha": 3.0})
+    b = _config(tmp_path, {"sampler": "entropy_cut", "beta": 2.0, "alpha": 3.0})
+    assert a.sampler == b.sampler and make_plan(a).fingerprint == make_plan(b).fingerprint
+    with pytest.raises(ConfigError, match="sampler 'entropy_cut' has no setting 'k_try'"):
+        _config(tmp_path, {"kind": "entropy_cut", "k_try": 2})
+    with pytest.raises(ConfigError, match="give kind or sampler, not both"):
+        _config(tmp_path, {"kind": "power_mh", "sampler": "power_mh"})
