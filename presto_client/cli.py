@@ -412,7 +412,7 @@ def _split_list(value: str | None) -> list[str] | None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from presto_client.orchestration.config import load_job_config
+    from presto_client.orchestration.loading import load_job_config
 
     overrides = list(args.overrides)
     if getattr(args, "output", None):

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from presto_client.orchestration.config import JobConfig, Prompt, load_job_config
+from presto_client.orchestration.config import JobConfig, Prompt
 from presto_client.orchestration.job import run_job
+from presto_client.orchestration.loading import load_job_config
 from presto_client.orchestration.plan import make_plan
 from presto_client.orchestration.rundir import RunDir
 

@@ -3,7 +3,8 @@
 It drives the core (:mod:`presto_client.core`) through the engine protocol and knows no serving
 dialect (engines are built by :mod:`backends`' registry).
 
-- :mod:`.config`: the job config (pydantic, YAML, ``--set`` overrides, errors with field paths);
+- :mod:`.config`: the job config's schema (pydantic); :mod:`.loading`: reading it (YAML,
+  validation, errors with field paths, prompts, redaction); :mod:`.overrides`: ``--set``;
 - :mod:`.plan`: arms, chains and their seeds (plain data);
 - :mod:`.engines`: opening a job's engines (replicas, probes, identities, context lengths);
 - :mod:`.orchestrator`: chains over engine pools, bounded in-flight requests, failures;

@@ -1,31 +1,22 @@
-"""The job configuration: a YAML file validated by pydantic, turned into plain objects.
+"""The job configuration's schema: pydantic models of a job, turned into plain objects.
 
 A job is: one or more **engines** (servers to talk to, or the in-process reference model, or the
 embedded CPU server), a list of **prompts**, one **sampler** with one or more **traversals**
 (each engine × traversal is an *arm*), ``chains_per_prompt`` chains per prompt and arm, a root
-``seed`` and an ``output_dir``.
+``seed`` and an ``output_dir``. The names a config may use (engine kinds, samplers, traversals)
+come from their registries, never restated here.
 
-:func:`load_job_config` reads the YAML with ``yaml.safe_load``, applies ``--set key=value``
-overrides (dotted paths, ``engines[1].base_url`` or ``engines.1.base_url``) and validates. Every
-error is a :class:`~presto_client.errors.ConfigError` that names the file, the field path and
-the fix. Secrets never enter a config: an engine names the *environment variable* holding its
-API key (``api_key_env``), and :func:`redacted_dump` strips credentials from URLs.
+Reading a YAML file, ``--set`` overrides and error messages with field paths:
+:mod:`presto_client.orchestration.loading` and :mod:`presto_client.orchestration.overrides`.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import os
-import types
-import typing
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -33,7 +24,6 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -50,7 +40,6 @@ from presto_client.core.sampler_config import (
     sampler_names,
     sampler_settings,
 )
-from presto_client.errors import ConfigError
 from presto_client.orchestration.grading import GraderConfig
 from presto_client.urls import redact_url, split_userinfo
 
@@ -239,7 +228,7 @@ def _engine_tag(value: Any) -> str | None:
     return kind if kind in LOCAL_KINDS else "http"
 
 
-_ENGINE_TAGS: dict[str, type[BaseModel]] = {
+ENGINE_TAGS: dict[str, type[BaseModel]] = {
     "http": HttpEngineConfig,
     "embedded": EmbeddedEngineConfig,
     "reference": ReferenceEngineConfig,
@@ -585,323 +574,3 @@ class JobConfig(_Strict):
         if self.max_failed_chains is not None:
             return self.max_failed_chains
         return max(1, num_chains // 10)
-
-
-# --------------------------------------------------------------------------------------------
-# Loading, overrides, errors
-# --------------------------------------------------------------------------------------------
-
-
-def _parse_path(path: str) -> list[str | int]:
-    """``engines[1].base_url`` / ``engines.1.base_url`` → ``["engines", 1, "base_url"]``."""
-    out: list[str | int] = []
-    for part in path.replace("[", ".").replace("]", "").split("."):
-        if part == "":
-            raise ValueError("empty path component")
-        out.append(int(part) if part.lstrip("-").isdigit() else part)
-    return out
-
-
-def apply_override(data: dict[str, Any], override: str) -> None:
-    """Apply one ``key.path=value`` override in place (the value is parsed as YAML)."""
-    if "=" not in override:
-        raise ConfigError(
-            f"bad override {override!r}: expected KEY=VALUE, e.g. --set sampler.alpha=4"
-        )
-    key, _, raw = override.partition("=")
-    key = key.strip()
-    try:
-        path = _parse_path(key)
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"bad override {override!r}: {exc}; expected KEY=VALUE, e.g. --set sampler.alpha=4"
-        ) from None
-    node: Any = data
-    for i, part in enumerate(path[:-1]):
-        where = format_loc(path[: i + 1])
-        if isinstance(part, int):
-            if not isinstance(node, list) or not -len(node) <= part < len(node):
-                size = len(node) if isinstance(node, list) else 0
-                raise ConfigError(
-                    f"bad override {override!r}: {where} does not exist "
-                    f"(the config lists {size} item(s) there)"
-                )
-            node = node[part]
-        else:
-            if not isinstance(node, dict):
-                raise ConfigError(f"bad override {override!r}: {where} is not a mapping")
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = {}
-                node[part] = nxt
-            node = nxt
-    last = path[-1]
-    if isinstance(last, int):
-        if not isinstance(node, list) or not -len(node) <= last < len(node):
-            raise ConfigError(f"bad override {override!r}: {format_loc(path)} does not exist")
-        node[last] = value
-    else:
-        if not isinstance(node, dict):
-            raise ConfigError(
-                f"bad override {override!r}: {format_loc(path[:-1])} is not a mapping"
-            )
-        node[last] = value
-
-
-def format_loc(loc: Sequence[str | int]) -> str:
-    """``("engines", 1, "base_url")`` → ``engines[1].base_url``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _unwrap(tp: Any) -> list[Any]:
-    """The model classes an annotation can hold (through Optional/list/Annotated/Union)."""
-    origin = typing.get_origin(tp)
-    if origin is Annotated:
-        return _unwrap(typing.get_args(tp)[0])
-    if origin in (Union, types.UnionType, list, tuple, dict):
-        return [m for a in typing.get_args(tp) for m in _unwrap(a)]
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return [tp]
-    return []
-
-
-def _models_at(loc: Sequence[str | int]) -> list[type[BaseModel]]:
-    """The model class(es) owning the last component of ``loc`` (union tags followed)."""
-    models: list[type[BaseModel]] = [JobConfig]
-    parts = list(loc)
-    for part in parts[:-1]:
-        if isinstance(part, int):
-            continue
-        if len(models) > 1:
-            tagged = [m for m in models if _ENGINE_TAGS.get(str(part)) is m]
-            if tagged:
-                models = tagged
-                continue
-        nxt: list[type[BaseModel]] = []
-        for m in models:
-            f = m.model_fields.get(part)
-            if f is not None:
-                nxt.extend(_unwrap(f.annotation))
-        if not nxt:
-            break
-        models = nxt
-    return models
-
-
-def _clean_loc(loc: Sequence[str | int]) -> list[str | int]:
-    out: list[str | int] = []
-    for i, part in enumerate(loc):
-        # pydantic puts the union tag after the list index: engines.1.http.base_url
-        if (
-            isinstance(part, str)
-            and part in _ENGINE_TAGS
-            and i >= 2
-            and isinstance(loc[i - 1], int)
-            and loc[i - 2] == "engines"
-        ):
-            continue
-        out.append(part)
-    return out
-
-
-def _field_names(models: list[type[BaseModel]]) -> list[str]:
-    names: list[str] = []
-    for m in models:
-        for n in m.model_fields:
-            if n not in names:
-                names.append(n)
-    return names
-
-
-def _describe(models: list[type[BaseModel]], field: str) -> str | None:
-    for m in models:
-        f = m.model_fields.get(field)
-        if f is not None and f.description:
-            return f.description
-    return None
-
-
-def _format_error(err: Any, overridden: dict[str, str]) -> str:
-    loc = _clean_loc(err["loc"])
-    models = _models_at(list(err["loc"]))
-    path = format_loc(loc)
-    etype = err["type"]
-    msg = str(err["msg"])
-    last = loc[-1] if loc else None
-    hint = ""
-    if etype == "extra_forbidden" and isinstance(last, str):
-        valid = _field_names(models)
-        close = difflib.get_close_matches(last, valid, n=1)
-        msg = f"unknown field {last!r}"
-        hint = (f"did you mean {close[0]!r}? " if close else "") + (
-            f"valid fields here: {', '.join(valid)}" if valid else "remove it"
-        )
-    elif etype == "missing" and isinstance(last, str):
-        msg = "required field missing"
-        desc = _describe(models, last)
-        hint = f"add {last}: ..." + (f" ({desc})" if desc else "")
-    elif etype == "union_tag_invalid" or etype == "union_tag_not_found":
-        msg = f"unknown engine kind {err.get('input', {}).get('kind')!r}"
-        if etype == "union_tag_not_found":
-            msg = "engine has no kind"
-        hint = f"set kind to one of: {', '.join(engine_kinds())}"
-    else:
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        desc = _describe(models, last) if isinstance(last, str) else None
-        inp = err.get("input")
-        if not isinstance(inp, dict) and etype != "value_error":
-            msg += f" (got {inp!r})"
-        if desc:
-            hint = desc
-    for key, text in overridden.items():
-        if path == key or path.startswith(key + ".") or path.startswith(key + "["):
-            msg += f" [from --set {text}]"
-            break
-    return f"  {path}: {msg}" + (f"\n      hint: {hint}" if hint else "")
-
-
-def validate_job_config(
-    data: Any, *, source: str = "<config>", overridden: dict[str, str] | None = None
-) -> JobConfig:
-    """Validate a parsed config mapping; errors become one :class:`ConfigError`."""
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{source}: a job config must be a YAML mapping (engines:, prompts:, sampler:, ...), "
-            f"got {type(data).__name__}"
-        )
-    try:
-        return JobConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = [_format_error(e, overridden or {}) for e in exc.errors()]
-        raise ConfigError(
-            f"{source}: invalid job config ({len(lines)} problem(s)):\n" + "\n".join(lines)
-        ) from None
-
-
-def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> JobConfig:
-    """Read, override and validate a job config file.
-
-    Relative ``prompts.file`` paths are resolved against the config file's folder; a missing
-    ``output_dir`` becomes ``runs/<name>``.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such config file") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the config file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{p}{where}: not valid YAML: {problem}") from None
-    if data is None:
-        data = {}
-    overridden: dict[str, str] = {}
-    if isinstance(data, dict):
-        for ov in overrides:
-            apply_override(data, ov)
-            key = ov.partition("=")[0].strip()
-            overridden[format_loc(_parse_path(key))] = ov
-    cfg = validate_job_config(data, source=str(p), overridden=overridden)
-    if cfg.name is None:
-        cfg.name = p.stem
-    if cfg.prompts.file is not None and not cfg.prompts.file.is_absolute():
-        cfg.prompts.file = (p.parent / cfg.prompts.file).resolve()
-    if cfg.output_dir is None:
-        cfg.output_dir = Path("runs") / cfg.name
-    return cfg
-
-
-def load_prompts(cfg: JobConfig) -> list[Prompt]:
-    """The job's prompts, in order (a JSONL file is read here; errors name file and line)."""
-    pc = cfg.prompts
-    prompts: list[Prompt] = []
-    if pc.token_ids is not None:
-        prompts = [Prompt(i, token_ids=tuple(ids)) for i, ids in enumerate(pc.token_ids)]
-    elif pc.texts is not None:
-        prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
-    elif pc.file is not None:
-        try:
-            lines = pc.file.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(
-                f"prompts.file: cannot read {pc.file}: {exc.strerror}; fix the path (relative "
-                "paths are relative to the config file)"
-            ) from None
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{pc.file}:{lineno}: not valid JSON: {exc.msg}") from None
-            if not isinstance(row, dict) or pc.field not in row:
-                keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
-                raise ConfigError(
-                    f"{pc.file}:{lineno}: no field {pc.field!r} (has: {keys}); set "
-                    "prompts.field to the field holding the prompt text"
-                )
-            value = row[pc.field]
-            answer = row.get(pc.answer_field)
-            answer = None if answer is None else str(answer)
-            if isinstance(value, list) and all(isinstance(t, int) for t in value):
-                prompts.append(Prompt(len(prompts), token_ids=tuple(value), answer=answer))
-            elif isinstance(value, str):
-                prompts.append(Prompt(len(prompts), text=value, answer=answer))
-            else:
-                raise ConfigError(
-                    f"{pc.file}:{lineno}: field {pc.field!r} must be text or a list of token ids"
-                )
-        if not prompts:
-            raise ConfigError(f"{pc.file}: no prompts in the file")
-    if pc.answers is not None:
-        if len(pc.answers) != len(prompts):
-            raise ConfigError(
-                f"prompts.answers: {len(pc.answers)} answer(s) for {len(prompts)} prompt(s); "
-                "give one answer (or null) per prompt"
-            )
-        pairs = zip(prompts, pc.answers, strict=True)
-        prompts = [Prompt(p.index, p.text, p.token_ids, a) for p, a in pairs]
-    if pc.limit is not None:
-        prompts = prompts[: pc.limit]
-    if any(p.text is not None for p in prompts):
-        for i, e in enumerate(cfg.engines):
-            if e.kind == "reference":
-                raise ConfigError(
-                    f"engines[{i}] (reference) takes token-id prompts, but {pc.file} holds text"
-                )
-    return prompts
-
-
-_SECRET_WORDS = ("api_key", "password", "secret", "token")
-
-
-def _redact(node: Any, key: str = "") -> Any:
-    if isinstance(node, dict):
-        return {k: _redact(v, str(k)) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_redact(v, key) for v in node]
-    if isinstance(node, str):
-        lowered = key.lower()
-        if key != "api_key_env" and key != "token_ids" and any(w in lowered for w in _SECRET_WORDS):
-            return "***"
-        if "://" in node:
-            return redact_url(node)
-    return node
-
-
-def redacted_dump(cfg: JobConfig) -> dict[str, Any]:
-    """The resolved config as plain data with secrets removed (credentials in URLs)."""
-    return typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))

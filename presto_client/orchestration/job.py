@@ -25,9 +25,6 @@ from presto_client.core.engine_protocol import Engine
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import (
-    redacted_dump,
-)
 from presto_client.orchestration.engines import (
     OpenedEngine,
     check_lengths,
@@ -37,6 +34,7 @@ from presto_client.orchestration.engines import (
     read_prefix_cache_counters,
     start_embedded_servers,
 )
+from presto_client.orchestration.loading import redacted_dump
 from presto_client.orchestration.orchestrator import (
     ChainOutcome,
     ChainSink,

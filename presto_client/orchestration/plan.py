@@ -26,8 +26,8 @@ from presto_client.orchestration.config import (
     HttpEngineConfig,
     JobConfig,
     Prompt,
-    load_prompts,
 )
+from presto_client.orchestration.loading import load_prompts
 from presto_client.orchestration.rundir import finished_ok, read_jsonl
 from presto_client.urls import redact_url
 

@@ -23,7 +23,7 @@ from backends import EngineSpec, available_backends, create_engine, register_bac
 from presto_client.cli import main as cli_main
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import load_job_config
+from presto_client.orchestration.loading import load_job_config
 from tests.support.toy_backend import ToyAdapter
 
 

@@ -25,7 +25,7 @@ from presto_client.core.sampler_config import (
     traversal_names,
 )
 from presto_client.core.tree import plan_crn, register_traversal
-from presto_client.orchestration.config import validate_job_config
+from presto_client.orchestration.loading import validate_job_config
 from presto_client.orchestration.plan import make_plan
 
 

@@ -11,9 +11,9 @@ import pytest
 from orch_helpers import PROMPTS, make_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import load_job_config, load_prompts
 from presto_client.orchestration.eval_stats import pass_at_k
 from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.loading import load_job_config, load_prompts
 from presto_client.orchestration.plan import make_plan
 from presto_client.reporting.tables import format_summary_table
 
