@@ -23,7 +23,7 @@ from backends.adapter import (
     logprob_value,
     topk_rows,
 )
-from backends.vllm import _parse_completion_logprobs
+from backends.vllm import parse_completion_logprobs
 from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 
@@ -85,7 +85,7 @@ def parse_openai_choice(
         raise InvalidResponseError(f"{label}: the response carries no logprobs")
     if "content" in logprobs:
         return parse_chat_logprobs(logprobs, k, label=label, expect=expect)
-    return _parse_completion_logprobs(choice, k, label=label, expect=expect)
+    return parse_completion_logprobs(choice, k, label=label, expect=expect)
 
 
 class OpenAICompatAdapter(Adapter):

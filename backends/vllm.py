@@ -89,6 +89,10 @@ def _parse_completion_logprobs(
     return _parse_completion_logprobs_per_token(choice, k, label=label, expect=expect)
 
 
+parse_completion_logprobs = _parse_completion_logprobs
+"""The completions-shape logprob parser, public: the OpenAI-compatible dialect shares it."""
+
+
 def _fast_completion_logprobs(
     choice: dict[str, Any], k: int, *, expect: int | None
 ) -> TokenLogprobs | None:
