@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from presto_client import defaults
+
 logger = logging.getLogger(__name__)
 progress = logging.getLogger("presto_client.progress")
 """What a user waits for (shown by the CLI at the default verbosity)."""
@@ -77,7 +79,7 @@ class EmbeddedServer:
         port: int | None = None,
         *,
         dtype: str = "float32",
-        startup_timeout_s: float = 600.0,
+        startup_timeout_s: float = defaults.EMBEDDED_STARTUP_TIMEOUT_S,
         host: str = "127.0.0.1",
         extra_args: Sequence[str] = (),
         python: str | None = None,
@@ -209,7 +211,10 @@ class EmbeddedServer:
 
 @contextlib.contextmanager
 def embedded_server(
-    port: int | None = None, *, dtype: str = "float32", startup_timeout_s: float = 600
+    port: int | None = None,
+    *,
+    dtype: str = "float32",
+    startup_timeout_s: float = defaults.EMBEDDED_STARTUP_TIMEOUT_S,
 ) -> Iterator[str]:
     """Run the embedded server for the duration of the block; yields its base URL.
 
@@ -225,7 +230,10 @@ def embedded_server(
 
 @contextlib.asynccontextmanager
 async def async_embedded_server(
-    port: int | None = None, *, dtype: str = "float32", startup_timeout_s: float = 600
+    port: int | None = None,
+    *,
+    dtype: str = "float32",
+    startup_timeout_s: float = defaults.EMBEDDED_STARTUP_TIMEOUT_S,
 ) -> AsyncIterator[str]:
     """:func:`embedded_server` for asyncio code (start and stop run in a worker thread)."""
     server = EmbeddedServer(port, dtype=dtype, startup_timeout_s=startup_timeout_s)

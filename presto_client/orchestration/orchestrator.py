@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from presto_client import defaults
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.runners import ChainResult, run_chain
@@ -205,7 +206,7 @@ class EnginePool:
 
     name: str
     replicas: Sequence[Engine]
-    max_concurrency: int = 32
+    max_concurrency: int = defaults.ENGINE_MAX_CONCURRENCY
 
     def replica_for(self, key: str) -> int:
         """A stable replica index for ``key`` (the same in every process and session)."""
@@ -278,7 +279,7 @@ class Orchestrator:
         self,
         pools: Mapping[str, EnginePool],
         *,
-        max_concurrency: int = 64,
+        max_concurrency: int = defaults.JOB_MAX_CONCURRENCY,
         max_active_chains: int | None = None,
         max_failed_chains: int = 0,
         sinks: Sequence[ChainSink] = (),
