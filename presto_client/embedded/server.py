@@ -54,6 +54,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from presto_client.embedded import vllm_shapes
 from presto_client.embedded.batching import (
     BatchingEngine,
     BatchingError,
@@ -70,8 +71,6 @@ from presto_client.embedded.model import SERVED_MODEL_NAME, LoadedModel
 logger = logging.getLogger(__name__)
 
 SYSTEM_FINGERPRINT = "presto-embedded-0.1"
-LOGPROB_FLOOR = -9999.0
-"""vLLM's JSON stand-in for −inf."""
 
 # Fields of /v1/completions, by how the embedded engine treats them.
 _HANDLED_FIELDS = frozenset(
@@ -617,28 +616,18 @@ class EmbeddedApp:
         self, req: CompletionRequest, tokens: list[TokenEvent], offset: int
     ) -> dict[str, Any]:
         """vLLM's ``CompletionLogProbs`` for ``tokens`` starting at text offset ``offset``."""
-        out_tokens: list[str] = []
-        token_logprobs: list[float] = []
-        top_logprobs: list[dict[str, float]] = []
-        text_offset: list[int] = []
         k = req.logprobs or 0
-        for ev in tokens:
-            name = self.token_str(ev.token_id, req.tokens_as_ids)
-            lp = max(ev.logprob, LOGPROB_FLOOR)
-            top: dict[str, float] = {name: lp}
-            for tid, tlp in ev.top[:k]:
-                top.setdefault(self.token_str(tid, req.tokens_as_ids), max(tlp, LOGPROB_FLOOR))
-            out_tokens.append(name)
-            token_logprobs.append(lp)
-            top_logprobs.append(top)
-            text_offset.append(offset)
-            offset += len(name)
-        return {
-            "text_offset": text_offset,
-            "token_logprobs": token_logprobs,
-            "tokens": out_tokens,
-            "top_logprobs": top_logprobs,
-        }
+        names = [self.token_str(ev.token_id, req.tokens_as_ids) for ev in tokens]
+        tops = [
+            vllm_shapes.top_logprobs_entry(
+                (name, ev.logprob),
+                ((self.token_str(tid, req.tokens_as_ids), tlp) for tid, tlp in ev.top[:k]),
+            )
+            for name, ev in zip(names, tokens, strict=True)
+        ]
+        return vllm_shapes.completion_logprobs(
+            names, [vllm_shapes.floor(ev.logprob) for ev in tokens], tops, offset
+        )
 
     def prompt_logprobs_block(
         self, prompt: tuple[int, ...], scores: PromptScores
@@ -651,23 +640,12 @@ class EmbeddedApp:
                 out.append(None)
                 continue
             lp, rank, top = entry
-            block: dict[str, Any] = {
-                str(token_id): {
-                    "logprob": max(lp, LOGPROB_FLOOR),
-                    "rank": rank,
-                    "decoded_token": self.token_str(token_id, False),
-                }
-            }
-            for r, (tid, tlp) in enumerate(top, start=1):
-                block.setdefault(
-                    str(tid),
-                    {
-                        "logprob": max(tlp, LOGPROB_FLOOR),
-                        "rank": r,
-                        "decoded_token": self.token_str(tid, False),
-                    },
-                )
-            out.append(block)
+            first = (token_id, lp, rank, self.token_str(token_id, False))
+            rest = (
+                (tid, tlp, r, self.token_str(tid, False))
+                for r, (tid, tlp) in enumerate(top, start=1)
+            )
+            out.append(vllm_shapes.prompt_logprobs_entry([first, *rest]))
         return out
 
     def completion_response(
@@ -685,43 +663,29 @@ class EmbeddedApp:
         ):
             ids = [t.token_id for t in tokens]
             choices.append(
-                {
-                    "index": index,
-                    "text": self.decode(ids, req.skip_special_tokens),
-                    "logprobs": (
-                        self.logprobs_block(req, tokens, 0) if req.logprobs is not None else None
-                    ),
-                    "finish_reason": finished.reason,
-                    "stop_reason": None,
-                    "token_ids": ids if req.return_token_ids else None,
-                    "prompt_logprobs": (
+                vllm_shapes.completion_choice(
+                    index,
+                    self.decode(ids, req.skip_special_tokens),
+                    self.logprobs_block(req, tokens, 0) if req.logprobs is not None else None,
+                    finished.reason,
+                    token_ids=ids if req.return_token_ids else None,
+                    prompt_logprobs=(
                         self.prompt_logprobs_block(prompt, scores) if scores is not None else None
                     ),
-                    "prompt_token_ids": list(prompt) if req.return_token_ids else None,
-                    "routed_experts": None,
-                }
+                    prompt_token_ids=list(prompt) if req.return_token_ids else None,
+                )
             )
             prompt_tokens += finished.prompt_tokens
             completion_tokens += finished.completion_tokens
-        return {
-            "id": request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": self.config.served_model_name,
-            "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": SYSTEM_FINGERPRINT,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "completion_tokens": completion_tokens,
-                "prompt_tokens_details": None,
-                "completion_tokens_details": None,
-            },
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
-        }
+        return vllm_shapes.completion_body(
+            request_id,
+            created,
+            self.config.served_model_name,
+            choices,
+            prompt_tokens,
+            completion_tokens,
+            system_fingerprint=SYSTEM_FINGERPRINT,
+        )
 
     def stream_payloads(
         self, req: CompletionRequest, request_id: str, created: int, events: Iterator[Event]
@@ -746,40 +710,29 @@ class EmbeddedApp:
                 if req.logprobs is not None:
                     lp = self.logprobs_block(req, [ev], offset)
                     offset += len(lp["tokens"][-1])
-                choice = {
-                    "index": 0,
-                    "text": delta,
-                    "logprobs": lp,
-                    "finish_reason": ev.finish_reason,
-                    "stop_reason": None,
-                    "prompt_token_ids": (
+                choice = vllm_shapes.stream_choice(
+                    delta,
+                    lp,
+                    ev.finish_reason,
+                    prompt_token_ids=(
                         list(req.prompts[0]) if (req.return_token_ids and first) else None
                     ),
-                    "token_ids": [ev.token_id] if req.return_token_ids else None,
-                }
+                    token_ids=[ev.token_id] if req.return_token_ids else None,
+                )
                 first = False
-                yield {
-                    "id": request_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": self.config.served_model_name,
-                    "choices": [choice],
-                }
+                yield vllm_shapes.stream_event(
+                    request_id, created, self.config.served_model_name, choice
+                )
             elif isinstance(ev, Finished):
                 if req.include_usage:
-                    yield {
-                        "id": request_id,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": self.config.served_model_name,
-                        "choices": [],
-                        "usage": {
-                            "prompt_tokens": ev.prompt_tokens,
-                            "total_tokens": ev.prompt_tokens + ev.completion_tokens,
-                            "completion_tokens": ev.completion_tokens,
-                        },
-                        "system_fingerprint": SYSTEM_FINGERPRINT,
-                    }
+                    yield vllm_shapes.usage_event(
+                        request_id,
+                        created,
+                        self.config.served_model_name,
+                        ev.prompt_tokens,
+                        ev.completion_tokens,
+                        system_fingerprint=SYSTEM_FINGERPRINT,
+                    )
                 return
             elif isinstance(ev, Failed):
                 raise BatchingError(ev.message)

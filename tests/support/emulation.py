@@ -48,10 +48,11 @@ import numpy as np
 from presto_client.core.engine_protocol import FloatArray
 from presto_client.core.logprob_math import log_softmax
 from presto_client.core.reference import ReferenceModel
+from presto_client.embedded import vllm_shapes
 
 logger = logging.getLogger(__name__)
 
-VLLM_SENTINEL = -9999.0
+VLLM_SENTINEL = vllm_shapes.LOGPROB_FLOOR
 GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature
 FLOAT32_MIN = -3.4028234663852886e38
 
@@ -431,15 +432,14 @@ class EmulationServer:
         def key(t: int) -> str:
             return f"token_id:{t}" if as_ids else _token_text(t)
 
-        value = max(float(row_ret[token]), VLLM_SENTINEL)
-        entries: dict[str, float] = {key(token): value}
+        value = vllm_shapes.floor(float(row_ret[token]))
+        top: list[tuple[str, float]] = []
         if k != 0:
             kk = self.vocab_size if k == -1 else k
             order = np.argsort(-row_ret, kind="stable")[:kk].tolist()
             values = np.maximum(row_ret[order], VLLM_SENTINEL).tolist()
-            for t, v in zip(order, values, strict=True):
-                entries.setdefault(key(t), v)
-        return value, entries
+            top = [(key(t), v) for t, v in zip(order, values, strict=True)]
+        return value, vllm_shapes.top_logprobs_entry((key(token), value), top)
 
     def vllm_token_entry(
         self, token: int, row: FloatArray, opts: dict[str, Any]
@@ -464,17 +464,12 @@ class EmulationServer:
             order = np.argsort(-row, kind="stable")
             ranks = np.empty(self.vocab_size, dtype=np.int64)
             ranks[order] = np.arange(1, self.vocab_size + 1)
-            entry: dict[str, Any] = {}
-            for t in [token, *[int(x) for x in order[:kk]]]:
-                entry.setdefault(
-                    str(t),
-                    {
-                        "logprob": max(float(row[t]), VLLM_SENTINEL),
-                        "rank": int(ranks[t]),
-                        "decoded_token": _token_text(t),
-                    },
+            out.append(
+                vllm_shapes.prompt_logprobs_entry(
+                    (t, float(row[t]), int(ranks[t]), _token_text(t))
+                    for t in [token, *[int(x) for x in order[:kk]]]
                 )
-            out.append(entry)
+            )
         return out
 
     def vllm_choice(
@@ -506,39 +501,28 @@ class EmulationServer:
         opts: dict[str, Any],
     ) -> dict[str, Any]:
         """A non-streamed choice for ``ids`` (``per_token`` from :meth:`vllm_token_entry`)."""
-        choice: dict[str, Any] = {
-            "index": index,
-            "text": "".join(_token_text(t) for t in ids),
-            "logprobs": None,
-            "finish_reason": "length",
-            "stop_reason": None,
-            "token_ids": ids if opts["return_token_ids"] else None,
-            "prompt_logprobs": None
+        return vllm_shapes.completion_choice(
+            index,
+            "".join(_token_text(t) for t in ids),
+            None
+            if opts["logprobs"] is None
+            else self._vllm_logprobs_block(ids, per_token, opts["as_ids"]),
+            "length",
+            token_ids=ids if opts["return_token_ids"] else None,
+            prompt_logprobs=None
             if opts["prompt_logprobs"] is None
             else self._vllm_prompt_logprobs(prompt, opts["prompt_logprobs"]),
-            "prompt_token_ids": prompt if opts["return_token_ids"] else None,
-            "routed_experts": None,
-        }
-        if opts["logprobs"] is not None:
-            choice["logprobs"] = self._vllm_logprobs_block(ids, per_token, opts["as_ids"])
-        return choice
+            prompt_token_ids=prompt if opts["return_token_ids"] else None,
+        )
 
     @staticmethod
     def _vllm_logprobs_block(
         ids: Sequence[int], per_token: Sequence[tuple[float, dict[str, float]]], as_ids: bool
     ) -> dict[str, Any]:
         tokens = [f"token_id:{t}" if as_ids else _token_text(t) for t in ids]
-        offsets: list[int] = []
-        pos = 0
-        for tok in tokens:
-            offsets.append(pos)
-            pos += len(tok)
-        return {
-            "text_offset": offsets,
-            "token_logprobs": [lp for lp, _ in per_token],
-            "tokens": tokens,
-            "top_logprobs": [top for _, top in per_token],
-        }
+        return vllm_shapes.completion_logprobs(
+            tokens, [lp for lp, _ in per_token], [top for _, top in per_token]
+        )
 
     def vllm_completion(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts, opts = self.vllm_validate(body)
@@ -555,25 +539,15 @@ class EmulationServer:
         self, choices: list[dict[str, Any]], n_prompt: int, n_gen: int
     ) -> dict[str, Any]:
         """The envelope of a non-streamed completion around its choices."""
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex[:16]}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": "emulation-vllm",
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "total_tokens": n_prompt + n_gen,
-                "completion_tokens": n_gen,
-                "prompt_tokens_details": None,
-                "completion_tokens_details": None,
-            },
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
-        }
+        return vllm_shapes.completion_body(
+            f"cmpl-{uuid.uuid4().hex[:16]}",
+            int(time.time()),
+            self.model_name,
+            choices,
+            n_prompt,
+            n_gen,
+            system_fingerprint="emulation-vllm",
+        )
 
     def vllm_stream_events(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         prompts, opts = self.vllm_validate(body)
@@ -609,39 +583,20 @@ class EmulationServer:
         """
         part = [int(t) for t in ids[start:stop]]
         last = stop >= self.vllm_num_tokens(prompt, opts)
-        chunk_choice: dict[str, Any] = {
-            "index": 0,
-            "text": "".join(_token_text(t) for t in part),
-            "logprobs": None
+        chunk_choice = vllm_shapes.stream_choice(
+            "".join(_token_text(t) for t in part),
+            None
             if opts["logprobs"] is None
             else self._vllm_logprobs_block(part, per_token[start:stop], opts["as_ids"]),
-            "finish_reason": "length" if last else None,
-            "stop_reason": None,
-            "prompt_token_ids": prompt if (start == 0 and opts["return_token_ids"]) else None,
-            "token_ids": part if opts["return_token_ids"] else None,
-        }
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": self.model_name,
-            "choices": [chunk_choice],
-        }
+            "length" if last else None,
+            prompt_token_ids=prompt if (start == 0 and opts["return_token_ids"]) else None,
+            token_ids=part if opts["return_token_ids"] else None,
+        )
+        return vllm_shapes.stream_event(rid, created, self.model_name, chunk_choice)
 
     def vllm_usage_chunk(self, rid: str, created: int, n_prompt: int, n_gen: int) -> dict[str, Any]:
         """The final usage event of a stream (with ``stream_options.include_usage``)."""
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": self.model_name,
-            "choices": [],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "total_tokens": n_prompt + n_gen,
-                "completion_tokens": n_gen,
-            },
-        }
+        return vllm_shapes.usage_event(rid, created, self.model_name, n_prompt, n_gen)
 
     def vllm_metrics(self, running: int = 0, waiting: int = 0) -> str:
         labels = f'engine="0",model_name="{self.model_name}"'
