@@ -7,8 +7,9 @@ to it through the ordinary vLLM adapter. Importing this package does not import 
   managers that start ``python -m presto_client.embedded`` and yield its base URL.
 - :func:`main`: the ``presto serve-embedded`` command (``python -m presto_client.embedded``).
 - :mod:`.model` prepares and loads the model; :mod:`.batching` batches and samples;
-  :mod:`.server` speaks HTTP (its docstring has the measured speed), rendering vLLM's shapes
-  with :mod:`.vllm_shapes` (shared with the test emulation);
+  :mod:`.api` is vLLM's API without HTTP (requests checked, responses rendered with
+  :mod:`.vllm_shapes`, shared with the test emulation); :mod:`.server` carries it over HTTP
+  (its docstring has the measured speed);
   ``benchmarks/embedded_bench.py`` measures it.
 """
 

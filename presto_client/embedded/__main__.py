@@ -135,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     if "torch" in sys.modules:
         logger.debug("torch was imported before main(): OMP_WAIT_POLICY may not apply")
     try:
+        from presto_client.embedded.api import EmbeddedApp, ServerConfig
         from presto_client.embedded.batching import BatchingEngine, SamplingParams
         from presto_client.embedded.model import ModelPreparationError, load_model, prepare_model
-        from presto_client.embedded.server import EmbeddedApp, ServerConfig, bind_server
+        from presto_client.embedded.server import bind_server
     except ImportError as exc:  # torch / transformers missing
         logger.error(
             "the embedded engine needs the 'embedded' extra (pip install 'presto-client[embedded]')"

@@ -1,7 +1,7 @@
 """vLLM 0.32's ``/v1/completions`` response shapes, rendered from plain values (server side).
 
 One copy for every server of this project that speaks vLLM's dialect: the embedded engine
-(:mod:`presto_client.embedded.server`) and the test emulation (``tests/support/emulation.py``,
+(:mod:`presto_client.embedded.api`) and the test emulation (``tests/support/emulation.py``,
 whose content ``benchmarks/latency_server.py`` serves too). Shapes copied from recorded vLLM
 0.32 responses (``tests/fixtures/vllm_cpu``). Pure functions of values: no model, no torch.
 """
