@@ -22,6 +22,11 @@ async def gather_or_fail(aws: Sequence[Awaitable[T]]) -> list[T]:
     Cancelling the caller cancels every child (and so aborts their HTTP requests) and is
     re-raised.
     """
+    if len(aws) == 1:
+        # One awaitable (a chain's proposal, the usual case): awaited in the caller's task,
+        # which has the same failure and cancellation semantics without a task of its own
+        # (ported from the perf branch's ebd1a48, issue 8).
+        return [await aws[0]]
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
         return []

@@ -54,3 +54,21 @@ def test_sibling_failures_are_retrieved(helper: Helper) -> None:
     assert raised == ["rejected 0"] * 6  # the earliest request's error, as itself
     messages = [str(c.get("message")) for c in unretrieved]
     assert not messages, messages
+
+
+async def test_one_awaitable_fails_and_cancels_like_many() -> None:
+    assert await gather_or_fail([_ok(0.0)]) == [1]
+    with pytest.raises(ValueError, match="rejected 7"):
+        await gather_or_fail([_fails(0.0, 7)])
+    started = asyncio.Event()
+
+    async def slow() -> int:
+        started.set()
+        await asyncio.sleep(10)
+        return 1
+
+    task = asyncio.ensure_future(gather_or_fail([slow()]))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
