@@ -69,6 +69,10 @@ async def gather_or_cancel(aws: Sequence[Awaitable[T]]) -> list[T]:
 
     Cancelling the caller cancels every child (and so aborts their HTTP requests).
     """
+    if len(aws) == 1:
+        # One awaitable (a chain's proposal, the usual case): awaited in the caller's task,
+        # which has the same failure and cancellation semantics without a task of its own.
+        return [await aws[0]]
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
         return []

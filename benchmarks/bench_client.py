@@ -107,9 +107,11 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
 
             profiler = cProfile.Profile()
             profiler.enable()
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0, wall0 = _cpu_s(), time.perf_counter()
         await asyncio.gather(*[chain(w, args.requests_per_chain) for w in range(args.C)])
         cpu1, wall1 = _cpu_s(), time.perf_counter()
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
@@ -127,6 +129,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "requests": requests,
         "tokens": tokens,
         "client_cpu_s": cpu,
+        "client_sys_s": usage1.ru_stime - usage0.ru_stime,  # of which in the kernel
         "wall_s": wall,
         "cpu_per_request_ms": 1e3 * cpu / max(requests, 1),
         "cpu_per_token_us": 1e6 * cpu / max(tokens, 1),
