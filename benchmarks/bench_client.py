@@ -19,6 +19,9 @@ Client implementations (``--impls``):
 ``after``        the current library as shipped (httpx's API over aiohttp's pool, orjson,
                  per-response arrays).
 ``after-uvloop`` as ``after`` on uvloop's event loop (when uvloop is installed).
+``raw-aiohttp``  a floor, not a client: the same requests (built by the adapter) as bare aiohttp
+                 POSTs over the same pool, bodies read but neither decoded nor parsed (tokens
+                 counted as requested): what HTTP and the event loop alone cost.
 
     .venv/bin/python -m benchmarks.bench_client --concurrency 10,100,1000 --T 64,512
 
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPLS = ("before", "after-httpx", "after", "after-uvloop")
+IMPLS = ("before", "after-httpx", "after", "after-uvloop", "raw-aiohttp")
 PROMPT_LEN = 32
 
 
@@ -79,7 +82,10 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     async def one(worker: int, step: int, n: int) -> None:
         nonlocal tokens, requests
         request = ProposalRequest(prompts[worker], n, 0.25, worker * 100_003 + step + 1, scores)
-        if args.stream:
+        if args.impl == "raw-aiohttp":
+            await _raw(engine, request, args.stream)
+            tokens += n
+        elif args.stream:
             async for chunk in engine.stream(request):
                 tokens += len(chunk.token_ids)
         else:
@@ -139,6 +145,29 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "server_starved_share": stats.get("starved_share"),
         "server_busy_s": stats.get("busy_s"),
     }
+
+
+async def _raw(engine: Any, request: Any, stream: bool) -> None:
+    """``raw-aiohttp``: one request on the engine's pool, the body read and dropped."""
+    import orjson
+
+    transport = engine.transport
+    call = engine.adapter.build_generate(request, await engine.model(), label="", stream=stream)
+    session = transport._direct.session()
+    async with (
+        transport._semaphore,
+        session.post(
+            transport._direct_url + call.path,
+            data=orjson.dumps(call.payload),
+            headers=transport._direct_headers,
+            timeout=transport._direct_timeout,
+        ) as response,
+    ):
+        if stream:
+            async for _ in response.content.iter_any():
+                pass
+        else:
+            await response.read()
 
 
 def client_main(args: argparse.Namespace) -> None:
