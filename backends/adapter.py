@@ -198,13 +198,18 @@ def logprob_array(values: Sequence[Any]) -> FloatArray | None:
     if arr.ndim != 1 or arr.dtype.kind not in "fi":
         return None  # None (missing), strings, bools only, nested lists
     arr = arr.astype(np.float64, copy=False)
-    zeros = np.flatnonzero(arr == 0.0)
-    if zeros.size and any(type(values[i]) is bool for i in zeros.tolist()):
-        return None  # False is not a number here (True shows up as a positive value)
-    if np.isnan(arr).any() or (arr > 1e-3).any():
+    # One reduction each for the common case (issue 8): the largest value catches NaN (max
+    # propagates it) and positives; the smallest says whether a sentinel is there at all.
+    top = arr.max()
+    if not top <= 1e-3:
         return None
-    arr[arr <= SENTINEL_THRESHOLD] = -np.inf
-    np.minimum(arr, 0.0, out=arr)
+    if top >= 0.0:  # a zero somewhere (a bool False?) or rounding noise above it
+        zeros = np.flatnonzero(arr == 0.0)
+        if zeros.size and any(type(values[i]) is bool for i in zeros.tolist()):
+            return None  # False is not a number here (True shows up as a positive value)
+        np.minimum(arr, 0.0, out=arr)  # (also turns -0.0 into 0.0)
+    if arr.min() <= SENTINEL_THRESHOLD:
+        arr[arr <= SENTINEL_THRESHOLD] = -np.inf
     return arr
 
 
@@ -239,12 +244,10 @@ def token_id_keys_array(keys: Sequence[str]) -> IntArray | None:
         joined = ",".join(keys).encode("ascii")
     except (TypeError, UnicodeEncodeError):
         return None
-    # Every key starts with the prefix, which occurs once per key and nowhere else.
-    if (
-        not joined.startswith(_TOKEN_ID_PREFIX)
-        or joined.count(b"," + _TOKEN_ID_PREFIX) != n - 1
-        or joined.count(_TOKEN_ID_PREFIX) != n
-    ):
+    # Every key starts with the prefix, which occurs once per key and nowhere else: the n - 1
+    # commas each open a key (the parsed count below rules out commas inside keys), and the
+    # letter count below leaves no letter outside the n prefixes.
+    if not joined.startswith(_TOKEN_ID_PREFIX) or joined.count(b"," + _TOKEN_ID_PREFIX) != n - 1:
         return None
     digits = joined.translate(None, _PREFIX_LETTERS)
     if len(digits) != len(joined) - n * len(_TOKEN_ID_PREFIX) or digits.translate(
@@ -270,27 +273,41 @@ def topk_from_flat(
     n = int(lengths.shape[0])
     k = max(k, 0)
     width = int(lengths.max()) if n else 0
-    out_ids = np.full((n, k), -1, dtype=np.int64)
-    out_lps = np.full((n, k), -np.inf)
     if n == 0 or width == 0 or k == 0:
-        return out_ids, out_lps
-    mask = np.arange(width) < lengths[:, None]
-    ids2 = np.full((n, width), _PAD_ID, dtype=np.int64)
-    lps2 = np.full((n, width), -np.inf)
-    ids2[mask] = ids
-    lps2[mask] = lps
+        return np.full((n, k), -1, dtype=np.int64), np.full((n, k), -np.inf)
+    # Rows of one length (vLLM's usual K, or K + 1 with the sampled token) are a reshape;
+    # others are scattered into padded rows.
+    uniform = int(lengths.min()) == width
+    if uniform:
+        ids2 = ids.reshape(n, width)
+        lps2 = lps.reshape(n, width)
+    else:
+        mask = np.arange(width) < lengths[:, None]
+        ids2 = np.full((n, width), _PAD_ID, dtype=np.int64)
+        lps2 = np.full((n, width), -np.inf)
+        ids2[mask] = ids
+        lps2[mask] = lps
     if width > 1:
         by_id = np.sort(ids2, axis=1)
-        if ((by_id[:, 1:] == by_id[:, :-1]) & (by_id[:, 1:] != _PAD_ID)).any():
+        same = by_id[:, 1:] == by_id[:, :-1]
+        if not uniform:
+            same &= by_id[:, 1:] != _PAD_ID
+        if same.any():
             return None
     # Decreasing logprob, then increasing id (padding last: largest id, -inf).
     order = np.lexsort((ids2, -lps2), axis=-1)[:, :k]
-    top_ids = np.take_along_axis(ids2, order, axis=1)
-    top_lps = np.take_along_axis(lps2, order, axis=1)
-    pad = top_ids == _PAD_ID
-    top_ids[pad] = -1
-    top_lps[pad] = -np.inf
+    rows = np.arange(n)[:, None]
+    top_ids = ids2[rows, order]
+    top_lps = lps2[rows, order]
+    if not uniform:
+        pad = top_ids == _PAD_ID
+        top_ids[pad] = -1
+        top_lps[pad] = -np.inf
     cols = top_ids.shape[1]
+    if cols == k:
+        return top_ids, top_lps
+    out_ids = np.full((n, k), -1, dtype=np.int64)
+    out_lps = np.full((n, k), -np.inf)
     out_ids[:, :cols] = top_ids
     out_lps[:, :cols] = top_lps
     return out_ids, out_lps

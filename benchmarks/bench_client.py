@@ -19,6 +19,9 @@ Client implementations (``--impls``):
 ``after``        the current library as shipped (httpx's API over aiohttp's pool, orjson,
                  per-response arrays).
 ``after-uvloop`` as ``after`` on uvloop's event loop (when uvloop is installed).
+``raw-aiohttp``  a floor, not a client: the same requests (built by the adapter) as bare aiohttp
+                 POSTs over the same pool, bodies read but neither decoded nor parsed (tokens
+                 counted as requested): what HTTP and the event loop alone cost.
 
     .venv/bin/python -m benchmarks.bench_client --concurrency 10,100,1000 --T 64,512
 
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPLS = ("before", "after-httpx", "after", "after-uvloop")
+IMPLS = ("before", "after-httpx", "after", "after-uvloop", "raw-aiohttp")
 PROMPT_LEN = 32
 
 
@@ -79,7 +82,10 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     async def one(worker: int, step: int, n: int) -> None:
         nonlocal tokens, requests
         request = ProposalRequest(prompts[worker], n, 0.25, worker * 100_003 + step + 1, scores)
-        if args.stream:
+        if args.impl == "raw-aiohttp":
+            await _raw(engine, request, args.stream)
+            tokens += n
+        elif args.stream:
             async for chunk in engine.stream(request):
                 tokens += len(chunk.token_ids)
         else:
@@ -91,8 +97,13 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         for step in range(n_requests):
             await one(worker, step, args.T)
 
-    # Warm-up: every connection opened, the server's caches filled; not measured.
-    await asyncio.gather(*[one(w, -1, 4) for w in range(args.C)])
+    # Warm-up, not measured: the model resolved, the server's caches filled, and every
+    # connection opened. Short warm-up proposals finished before the last worker had sent its
+    # own, so connections were reused and most of a C = 1,000 pool was opened inside the
+    # measured window (976 connects in 1,000 requests): proposals of the measured length
+    # overlap, as a long-running job's chains do.
+    await one(0, -1, 1)
+    await asyncio.gather(*[one(w, -1, args.T) for w in range(args.C)])
     with httpx.Client(base_url=args.url, timeout=30) as admin:
         admin.post("/stats/reset")  # noqa: ASYNC212 (outside the measured window)
         tokens = requests = 0
@@ -102,9 +113,11 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
 
             profiler = cProfile.Profile()
             profiler.enable()
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0, wall0 = _cpu_s(), time.perf_counter()
         await asyncio.gather(*[chain(w, args.requests_per_chain) for w in range(args.C)])
         cpu1, wall1 = _cpu_s(), time.perf_counter()
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
@@ -122,6 +135,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "requests": requests,
         "tokens": tokens,
         "client_cpu_s": cpu,
+        "client_sys_s": usage1.ru_stime - usage0.ru_stime,  # of which in the kernel
         "wall_s": wall,
         "cpu_per_request_ms": 1e3 * cpu / max(requests, 1),
         "cpu_per_token_us": 1e6 * cpu / max(tokens, 1),
@@ -131,6 +145,29 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "server_starved_share": stats.get("starved_share"),
         "server_busy_s": stats.get("busy_s"),
     }
+
+
+async def _raw(engine: Any, request: Any, stream: bool) -> None:
+    """``raw-aiohttp``: one request on the engine's pool, the body read and dropped."""
+    import orjson
+
+    transport = engine.transport
+    call = engine.adapter.build_generate(request, await engine.model(), label="", stream=stream)
+    session = transport._direct.session()
+    async with (
+        transport._semaphore,
+        session.post(
+            transport._direct_url + call.path,
+            data=orjson.dumps(call.payload),
+            headers=transport._direct_headers,
+            timeout=transport._direct_timeout,
+        ) as response,
+    ):
+        if stream:
+            async for _ in response.content.iter_any():
+                pass
+        else:
+            await response.read()
 
 
 def client_main(args: argparse.Namespace) -> None:

@@ -54,61 +54,65 @@ def scores_from_topk(
         raise ValueError(f"top_logp0 must be [n, K] with n={sampled.shape[0]}, got {top.shape}")
     if np.isnan(sampled).any() or np.isnan(top).any():
         raise ValueError("NaN logprob: the engine failed on this proposal")
+    # (Fewer, fused numpy calls than the formulas read, issue 8: every value is computed by
+    # the same operations on the same operands, so the results are bit-identical; one errstate
+    # for the whole body, as entering one costs more than a small array's arithmetic.)
     finite = np.isfinite(top)
-    probs = np.where(finite, np.exp(np.where(finite, top, 0.0)), 0.0)
+    top0 = np.where(finite, top, 0.0)
+    probs = np.where(finite, np.exp(top0), 0.0)
     mass = probs.sum(axis=1)
-    tail = np.clip(1.0 - mass, 0.0, None)
+    tail = np.maximum(1.0 - mass, 0.0)  # what np.clip(x, 0.0, None) computes
     # Smallest returned probability bounds every token outside the returned set.
     p_k = np.where(finite, probs, np.inf).min(axis=1)
-    p_k = np.where(np.isfinite(p_k), p_k, 1.0)
+    p_k[~np.isfinite(p_k)] = 1.0
     n_returned = finite.sum(axis=1)
     # In log space (exp(a·log p) underflows to 0 for large a = 1/τ, e.g. α = 500: log Z = −inf).
     log_pk = np.where(finite, top, np.inf).min(axis=1)
-    log_pk = np.where(np.isfinite(log_pk), log_pk, 0.0)
-    with np.errstate(divide="ignore"):
-        log_tail = np.log(tail)
-
-    plogp = np.where(probs > 0, probs * np.log(np.where(probs > 0, probs, 1.0)), 0.0)
-    entropy = -plogp.sum(axis=1) + np.where(tail > 0, -tail * np.log(p_k), 0.0)
-
+    log_pk[~np.isfinite(log_pk)] = 0.0
+    n = sampled.shape[0]
     n_temps = len(temperatures)
-    log_z_lo = np.empty((sampled.shape[0], n_temps))
-    log_z_hi = np.empty((sampled.shape[0], n_temps))
-    logq_lo = np.empty_like(log_z_lo)
-    logq_hi = np.empty_like(log_z_lo)
-    for m, tau in enumerate(temperatures):
-        if tau <= 0:
-            raise ValueError(f"temperature must be > 0, got {tau}")
-        a = 1.0 / tau
-        if abs(a - 1.0) <= 1e-12:  # np.isclose(a, 1, rtol=0, atol=1e-12), without its cost
-            zlo = zhi = np.zeros_like(mass)
-        else:
+    log_z_lo = np.empty((n, n_temps))
+    log_z_hi = np.empty((n, n_temps))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        log_tail = np.log(tail)
+        positive = probs > 0
+        plogp = np.where(positive, probs * np.log(np.where(positive, probs, 1.0)), 0.0)
+        entropy = -plogp.sum(axis=1) + np.where(tail > 0, -tail * np.log(p_k), 0.0)
+        for m, tau in enumerate(temperatures):
+            if tau <= 0:
+                raise ValueError(f"temperature must be > 0, got {tau}")
+            a = 1.0 / tau
+            if abs(a - 1.0) <= 1e-12:  # np.isclose(a, 1, rtol=0, atol=1e-12), without its cost
+                log_z_lo[:, m] = 0.0
+                log_z_hi[:, m] = 0.0
+                continue
             # Every sum is taken relative to its largest head term (a max shift), so that
             # Z's terms never underflow: log Z = shift + log Σ exp(term − shift).
-            scaled = np.where(finite, a * np.where(finite, top, 0.0), -np.inf)
+            scaled = np.where(finite, a * top0, -np.inf)
             shift = scaled.max(axis=1)
-            shift = np.where(np.isfinite(shift), shift, 0.0)
-            head = np.exp(scaled - shift[:, None]).sum(axis=1)
-            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-                # tail · p_K^(a−1), the tail's share when a > 1 (and its floor when a < 1)
-                tail_pk = np.exp(log_tail + (a - 1.0) * log_pk - shift)
-                if a > 1.0:
-                    lo = head
-                    hi = head + tail_pk
-                else:
-                    if vocab_size is None:
-                        raise ValueError(
-                            f"temperature {tau} > 1 needs the vocabulary size to bound the tail"
-                        )
-                    n_tail = np.clip(vocab_size - n_returned, 0, None).astype(np.float64)
-                    lo = head + tail_pk
-                    hi = head + np.exp((1.0 - a) * np.log(n_tail) + a * log_tail - shift)
-                    lo = np.minimum(lo, hi)
-                zlo, zhi = np.log(lo) + shift, np.log(hi) + shift
-        log_z_lo[:, m] = zlo
-        log_z_hi[:, m] = zhi
-        logq_lo[:, m] = a * sampled - zhi
-        logq_hi[:, m] = a * sampled - zlo
+            shift[~np.isfinite(shift)] = 0.0
+            scaled -= shift[:, None]
+            head = np.exp(scaled).sum(axis=1)
+            # tail · p_K^(a−1), the tail's share when a > 1 (and its floor when a < 1)
+            tail_pk = np.exp(log_tail + (a - 1.0) * log_pk - shift)
+            if a > 1.0:
+                lo = head
+                hi = head + tail_pk
+            else:
+                if vocab_size is None:
+                    raise ValueError(
+                        f"temperature {tau} > 1 needs the vocabulary size to bound the tail"
+                    )
+                n_tail = np.clip(vocab_size - n_returned, 0, None).astype(np.float64)
+                lo = head + tail_pk
+                hi = head + np.exp((1.0 - a) * np.log(n_tail) + a * log_tail - shift)
+                lo = np.minimum(lo, hi)
+            log_z_lo[:, m] = np.log(lo) + shift
+            log_z_hi[:, m] = np.log(hi) + shift
+    # Every temperature at once, outside the errstate: a NaN here still warns.
+    a_sampled = sampled[:, None] * np.array([1.0 / tau for tau in temperatures])
+    logq_lo = a_sampled - log_z_hi
+    logq_hi = a_sampled - log_z_lo
     return PositionScores(logq_lo, logq_hi, entropy, log_z_lo, log_z_hi)
 
 
