@@ -484,7 +484,7 @@ async def run_chain(
     prompt_ids: Sequence[int],
     sampler: SamplerConfig,
     *,
-    traversal: str = "crn",
+    traversal: str = "stream",
     n_pf: int = 8,
     seed: int = 0,
     on_round: RoundCallback | None = None,

@@ -343,7 +343,9 @@ SamplerName = Annotated[str, AfterValidator(_known_sampler)]
 
 
 def _default_traversals() -> list[TraversalName]:
-    return ["crn"]
+    # stream: the fastest PreSTO traversal measured (docs/benchmarks.md), and it replays the
+    # sequential chain exactly.
+    return ["stream"]
 
 
 class SamplerSettings(_Strict):
