@@ -323,6 +323,7 @@ class PrestoRunner(_Runner):
         if n_pf < 1:
             raise ValueError("n_pf must be >= 1")
         self.rule = TRAVERSAL_RULES[traversal]
+        self.traversal = traversal
         self.n_pf = n_pf
         self.predictor = predictor
         self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
@@ -352,7 +353,9 @@ class PrestoRunner(_Runner):
         reach = [p.reach for p in plan.proposals]
         if all(r == 1.0 for r in reach):
             return plan  # no predicted values (bfs)
-        expected = list(itertools.accumulate(reach))
+        # The predictor's promise, scaled by what the walks on this engine realised.
+        scale = self.budget.value_scale(self.traversal)
+        expected = [1.0 + scale * (e - 1.0) for e in itertools.accumulate(reach)]
         m = self.budget.best_size(expected, self.kernel.sequences_per_proposal)
         if m == len(plan.proposals):
             return plan
@@ -415,6 +418,9 @@ class PrestoRunner(_Runner):
             self.budget.remove_head(per)
             self.budget.release(speculative)
         wall = time.perf_counter() - start - (self.stats.tighten_wall_s - tighten_before)
+        if done > 0 and any(p.reach != 1.0 for p in plan.proposals):  # (predictive)
+            predicted = sum(p.reach for p in plan.proposals)
+            self.budget.record_round_value(self.traversal, predicted - 1.0, done - 1.0)
         self.stats.call_wall_s.append(wall)
         self.stats.tokens_generated += tokens
         self.stats.requests_used += done

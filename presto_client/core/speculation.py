@@ -36,6 +36,8 @@ MIN_OBSERVATIONS = 16
 fit is trusted; it also needs them at more than one load."""
 FORGETTING = 0.995
 """Per-sample decay of the least-squares sums (recent load counts most)."""
+ROUND_VALUE_FORGETTING = 0.95
+"""Per-round decay of the predicted/realised transition sums of the round rules."""
 
 
 @dataclass(slots=True)
@@ -94,6 +96,8 @@ class SpeculationBudget:
         """Sequences of speculative proposals in flight."""
         self._fit = _CostFit()
         self.peak_speculative = 0
+        self._value: dict[str, tuple[float, float]] = {}
+        """Per rule: decayed sums of predicted and realised extra transitions per round."""
 
     @property
     def in_flight(self) -> int:
@@ -137,6 +141,23 @@ class SpeculationBudget:
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = m, rate
         return best
+
+    def record_round_value(self, rule: str, predicted_extra: float, realised_extra: float) -> None:
+        """A round of ``rule`` was planned to complete ``1 + predicted_extra`` transitions
+        (its summed reach) and completed ``1 + realised_extra``."""
+        p, r = self._value.get(rule, (0.0, 0.0))
+        decay = ROUND_VALUE_FORGETTING
+        self._value[rule] = (p * decay + max(predicted_extra, 0.0), r * decay + realised_extra)
+
+    def value_scale(self, rule: str) -> float:
+        """How the predicted extra transitions of ``rule``'s rounds compare with what the walks
+        realised on this engine (1 until measured): a predictor fitted elsewhere (the paper's
+        coefficients) can promise more than the chains here accept, and rounds sized on its
+        promise would lose to the sequential chain."""
+        p, r = self._value.get(rule, (0.0, 0.0))
+        if p < 1.0:  # not one predicted transition's worth of evidence yet
+            return 1.0
+        return min(max(r / p, 0.05), 2.0)
 
     def available(self) -> int:
         """How many more speculative sequences may start now."""

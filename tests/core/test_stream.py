@@ -360,6 +360,21 @@ def test_best_size_maximises_expected_transitions_per_second() -> None:
     assert busy.best_size(expected) == 4
 
 
+def test_round_values_calibrate_the_predictors_promise() -> None:
+    budget = _fitted_budget(0.01, 0.004)
+    assert budget.value_scale("predictive") == 1.0  # no evidence yet
+    expected = [1.0, 1.9, 2.7, 3.4, 4.0]  # what an optimistic predictor promises
+    assert budget.best_size(expected) == 5
+    for _ in range(10):  # rounds promised 3 extra transitions; the walks made 0.6
+        budget.record_round_value("predictive", 3.0, 0.6)
+    scale = budget.value_scale("predictive")
+    assert scale == pytest.approx(0.2)
+    scaled = [1.0 + scale * (e - 1.0) for e in expected]
+    # rates e/(0.01 + 0.004·m): scaled 1/0.014, 1.18/0.018, ... -> the single request wins
+    assert budget.best_size(scaled) == 1
+    assert budget.value_scale("bfs") == 1.0  # per rule
+
+
 async def test_a_steep_engine_shrinks_predictive_rounds_to_the_sequential_chain() -> None:
     from presto_client.core.runners import PrestoRunner
 
