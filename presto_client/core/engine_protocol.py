@@ -170,6 +170,15 @@ class Engine(Protocol):
 
 
 @runtime_checkable
+class EngineView(Protocol):
+    """One chain's view of a shared engine (the orchestrator's bounded view, an optional
+    capability): chains whose views share ``shared_engine`` share its speculation budget."""
+
+    @property
+    def shared_engine(self) -> object: ...
+
+
+@runtime_checkable
 class ConcurrencyBounded(Protocol):
     """An engine that serves at most ``max_concurrency`` requests at once (an optional capability).
 

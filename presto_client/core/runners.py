@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from presto_client.core.engine_protocol import (
     ConcurrencyBounded,
     Engine,
+    EngineView,
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
@@ -357,6 +358,17 @@ class PrestoRunner(_Runner):
         scale = self.budget.value_scale(self.traversal)
         expected = [1.0 + scale * (e - 1.0) for e in itertools.accumulate(reach)]
         m = self.budget.best_size(expected, self.kernel.sequences_per_proposal)
+        logger.debug(
+            "%s round: %d of %d proposals (expected %.2f of %.2f transitions, value scale %.2f, "
+            "cost fit %s)",
+            self.traversal,
+            m,
+            len(plan.proposals),
+            expected[m - 1],
+            expected[-1],
+            scale,
+            self.budget.fitted(),
+        )
         if m == len(plan.proposals):
             return plan
         return RoundPlan(plan.proposals[:m], per_depth=False)
@@ -513,8 +525,10 @@ async def run_chain(
         )
     runner: _Runner
     # Chains that share an engine share one speculation budget (presto_client.core.speculation).
+    # (the orchestrator gives each chain its own view of an engine: the budget is the engine's)
     capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
-    budget = budget_for(engine, capacity)
+    shared = engine.shared_engine if isinstance(engine, EngineView) else engine
+    budget = budget_for(shared, capacity)
     if traversal == "sequential":
         runner = SequentialRunner(engine, sampler, seed, on_round, budget=budget)
     else:

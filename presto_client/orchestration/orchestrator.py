@@ -139,6 +139,10 @@ class LimitedEngine:
     def __init__(self, inner: Engine, engine_slots: FifoSemaphore, global_slots: FifoSemaphore):
         self.inner = inner
         self.name = inner.name
+        # The engine behind every chain's view, and its bound: chains that share an engine
+        # share one speculation budget sized from its slots (core.speculation).
+        self.shared_engine: Engine = inner
+        self.max_concurrency = min(engine_slots.capacity, global_slots.capacity)
         self._engine_slots = engine_slots
         self._global_slots = global_slots
         self.queue_s = 0.0
