@@ -418,13 +418,19 @@ class MultiTryMH(Kernel):
         b = np.exp(log_hi - shift)
         one = math.exp(-shift)
         u_sel = draws.u_select
+        # The selection is scale-free: weigh it with the largest weight at 1, so that weights far
+        # below the current state's (log w ≪ −745) do not all underflow to 0 and leave no
+        # candidate selected (found by the MultiTryMH benchmark: "exact scores must decide").
+        sel_shift = float(log_hi.max())
+        a_sel = np.exp(log_lo - sel_shift)
+        b_sel = np.exp(log_hi - sel_shift)
         # J = min{j : S_j > u·W}. For candidate j that holds for every weight vector in the box
         # iff (1−u)·Σ_{i<j} w_i ≤ u·Σ_{i≥j} w_i and (1−u)·Σ_{i≤j} w_i > u·Σ_{i>j} w_i hold at the
         # box corner least favourable to each.
         selected = -1
         for j in range(len(proposals)):
-            before_ok = (1 - u_sel) * b[:j].sum() <= u_sel * a[j:].sum()
-            through_ok = (1 - u_sel) * a[: j + 1].sum() > u_sel * b[j + 1 :].sum()
+            before_ok = (1 - u_sel) * b_sel[:j].sum() <= u_sel * a_sel[j:].sum()
+            through_ok = (1 - u_sel) * a_sel[: j + 1].sum() > u_sel * b_sel[j + 1 :].sum()
             if before_ok and through_ok:
                 selected = j
                 break

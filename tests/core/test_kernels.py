@@ -196,3 +196,26 @@ def test_multi_try_ratio_statistics_survive_underflowing_weights() -> None:
     one = math.exp(-hi.max())
     expected = min(0.0, math.log(w.sum()) - math.log(w.sum() - w[0] + one))
     assert r_hi == pytest.approx(expected) or r_lo == pytest.approx(expected)
+
+
+def test_multi_try_selects_among_weights_far_below_the_current_state() -> None:
+    """Every candidate ~1,000 nats below the current state: scaled by the current state's
+    weight they all underflowed to 0 and no candidate was selected, even with exact scores."""
+    config = SamplerConfig(sampler="multi_try_mh", block_size=2, k_try=3, alpha=4.0)
+    kernel = MultiTryMH(config)
+    m = len(kernel.score_spec.temperatures)
+    x = ScoredTokens.exact([0, 1], [-0.1, -0.1], np.full((2, m), -0.1))
+    ys = [
+        ScoredTokens.exact([2], [-300.0 - i], np.full((1, m), -0.1)) for i in range(3)
+    ]  # alpha * (log p0(y) - log p0(x)) ~ -1,200 nats
+    state = ChainState((0,), x)
+    log_w, _ = kernel.log_weight_bounds(state, 1, ys)
+    assert log_w.max() < -1000
+    w = np.exp(log_w - log_w.max())
+    for u_sel in (0.1, 0.5, 0.97):
+        verdict = kernel.evaluate(
+            state, 1, ys, TransitionDraws(0.1, (0,) * 3, (0,) * 3, u_sel, 0.5)
+        )
+        j = int(np.searchsorted(np.cumsum(w), u_sel * w.sum(), side="right"))
+        assert verdict.decided and verdict.selected == j
+        assert not verdict.accepted  # A = W/(W - w_J + 1) ~ e^-1200
