@@ -360,10 +360,18 @@ def check_ids(got: IntArray, want: Sequence[int], *, label: str) -> None:
 
 
 def _derive(
-    logp0: FloatArray, top: FloatArray, spec: ScoreSpec, vocab_size: int | None
-) -> tuple[FloatArray, FloatArray, FloatArray]:
+    logp0: FloatArray,
+    top: FloatArray,
+    spec: ScoreSpec,
+    vocab_size: int | None,
+    *,
+    entropy: bool | None = None,
+) -> tuple[FloatArray, FloatArray, FloatArray | None]:
+    """``scores_from_topk``'s intervals, and its entropy when ``entropy`` (default: when
+    ``spec`` asks for it; skipped otherwise, issue 8)."""
+    want_entropy = spec.entropy if entropy is None else entropy
     try:
-        derived = scores_from_topk(logp0, top, spec.temperatures, vocab_size)
+        derived = scores_from_topk(logp0, top, spec.temperatures, vocab_size, entropy=want_entropy)
     except ValueError as exc:
         if "vocabulary size" in str(exc):
             raise ConfigError(
@@ -494,7 +502,7 @@ def exact_from_normalisers(
             logq[i, m] = raw.logprobs[i] / tau - log_z
     entropy = None
     if spec.entropy:
-        entropy = _derive(raw.logprobs, raw.top_logprobs, ScoreSpec((1.0,)), None)[2]
+        entropy = _derive(raw.logprobs, raw.top_logprobs, ScoreSpec((1.0,)), None, entropy=True)[2]
     return ScoredTokens.exact(raw.token_ids, raw.logprobs, logq, entropy)
 
 

@@ -51,8 +51,24 @@ def test_topk_entropy_estimate_is_a_lower_bound_and_exact_on_full_rows() -> None
     top = -np.sort(-rows, axis=1)
     est5 = scores_from_topk(rows[np.arange(40), ids], top[:, :5], (0.25,)).entropy
     est16 = scores_from_topk(rows[np.arange(40), ids], top, (0.25,)).entropy
+    assert est5 is not None and est16 is not None
     assert (est5 <= entropy + 1e-12).all()
     np.testing.assert_allclose(est16, entropy, atol=1e-12)
+
+
+def test_topk_without_entropy_gives_the_same_intervals_bit_for_bit() -> None:
+    """``entropy=False`` (issue 8) skips the estimate and changes nothing else."""
+    rng = np.random.default_rng(2)
+    rows = log_softmax(rng.normal(scale=3.0, size=(30, 40)))
+    top = -np.sort(-rows, axis=1)[:, :20]
+    top[::7, 15:] = -np.inf
+    sampled = rows[:, 3]
+    temps = (1.0, 0.25, 2.0, 1 / 500)
+    full = scores_from_topk(sampled, top, temps, 40)
+    lean = scores_from_topk(sampled, top, temps, 40, entropy=False)
+    assert lean.entropy is None and full.entropy is not None
+    for name in ("logq_lo", "logq_hi", "log_z_lo", "log_z_hi"):
+        np.testing.assert_array_equal(getattr(lean, name), getattr(full, name))
 
 
 def test_nan_logprobs_are_refused() -> None:
