@@ -358,17 +358,18 @@ class PrestoRunner(_Runner):
         scale = self.budget.value_scale(self.traversal)
         expected = [1.0 + scale * (e - 1.0) for e in itertools.accumulate(reach)]
         m = self.budget.best_size(expected, self.kernel.sequences_per_proposal)
-        logger.debug(
-            "%s round: %d of %d proposals (expected %.2f of %.2f transitions, value scale %.2f, "
-            "cost fit %s)",
-            self.traversal,
-            m,
-            len(plan.proposals),
-            expected[m - 1],
-            expected[-1],
-            scale,
-            self.budget.fitted(),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # (the fit is solved for the message only)
+            logger.debug(
+                "%s round: %d of %d proposals (expected %.2f of %.2f transitions, value scale "
+                "%.2f, cost fit %s)",
+                self.traversal,
+                m,
+                len(plan.proposals),
+                expected[m - 1],
+                expected[-1],
+                scale,
+                self.budget.fitted(),
+            )
         if m == len(plan.proposals):
             return plan
         return RoundPlan(plan.proposals[:m], per_depth=False)
