@@ -416,7 +416,10 @@ class SlowEngine(ReferenceEngine):
     async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
         try:
             longest = max((r.num_tokens for r in requests), default=0)
-            await asyncio.sleep(1e-4 * longest * (0.5 + self.rng.random()))
+            # Milliseconds per token: long against the event loop's scheduling delays on a
+            # loaded machine, so a round's later answers are still pending when the walk
+            # leaves their subtree (at 0.1 ms per token they all landed first under load).
+            await asyncio.sleep(2e-3 * longest * (0.5 + self.rng.random()))
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
