@@ -222,8 +222,9 @@ async def run_job_async(
             completed_ok = True
     finally:
         run.close(completed=completed_ok)
-        # (a fresh run that never wrote anything is removed at close: no summary of nothing)
-        summary = {} if run.removed else write_summary(run, plan)
+        # (a fresh run that never wrote anything is removed at close: no summary of nothing;
+        # after a failed write, the summary is left to the rerun)
+        summary = {} if run.removed or run.write_error else write_summary(run, plan)
     return JobResult(
         plan=plan,
         run_dir=run.path,
@@ -315,7 +316,7 @@ async def _run_chains(
             for n, h in engines.items():
                 b = before.get(n)
                 after = await read_prefix_cache_counters(h) if b is not None else None
-                if b is not None and after is not None:
+                if b is not None and after is not None and run.write_error is None:
                     run.append_metrics(
                         {
                             "engine": n,
