@@ -48,7 +48,7 @@ from presto_client.orchestration.plan import JobPlan, PlannedChain, pending_engi
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
-from presto_client.orchestration.summary import summarize, summary_rows
+from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
 
 logger = logging.getLogger(__name__)
 
@@ -317,13 +317,15 @@ async def _run_chains(
                 b = before.get(n)
                 after = await read_prefix_cache_counters(h) if b is not None else None
                 if b is not None and after is not None and run.write_error is None:
-                    run.append_metrics(
-                        {
-                            "engine": n,
-                            "queries": after["prefix_cache_queries"] - b["prefix_cache_queries"],
-                            "hits": after["prefix_cache_hits"] - b["prefix_cache_hits"],
-                        }
-                    )
+                    delta = prefix_cache_delta(b, after)
+                    if delta is None:
+                        logger.warning(
+                            "engine %s: its prefix-cache counters went backwards (the server "
+                            "restarted?); this session's cache hit rate is not recorded",
+                            n,
+                        )
+                    else:
+                        run.append_metrics({"engine": n, **delta})
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
