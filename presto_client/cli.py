@@ -45,7 +45,8 @@ examples:
 
 Rerunning `presto run` on the same output directory resumes it: finished chains are skipped.
 Exit status: 0 all chains finished, 3 some failed (rerun to retry them), 1 engine/job error,
-2 config error, 130/143 interrupted (Ctrl-C / SIGTERM; rerun to resume).
+2 config error (or an output that cannot be written: disk full), 130/143 interrupted
+(Ctrl-C / SIGTERM; rerun to resume).
 """
 
 
