@@ -45,7 +45,8 @@ examples:
 
 Rerunning `presto run` on the same output directory resumes it: finished chains are skipped.
 Exit status: 0 all chains finished, 3 some failed (rerun to retry them), 1 engine/job error,
-2 config error, 130/143 interrupted (Ctrl-C / SIGTERM; rerun to resume).
+2 config error (or an output that cannot be written: disk full), 130/143 interrupted
+(Ctrl-C / SIGTERM; rerun to resume).
 """
 
 
@@ -455,15 +456,22 @@ def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
         progress.close()
         from presto_client.orchestration.rundir import RunDir, finished_ok
 
-        done = len(finished_ok(RunDir(plan.output_dir).samples()))
+        run = RunDir(plan.output_dir)
         terminated = received.get("signal") == signal.SIGTERM
         what = "terminated (SIGTERM)" if terminated else "interrupted"
         total = state.get("total", len(plan.chains))
-        print(
-            f"{what}: {done} of {total} chain(s) finished "
-            f"are saved in {plan.output_dir}; rerun the same command to resume",
-            file=sys.stderr,
-        )
+        if run.exists():
+            done = len(finished_ok(run.samples()))
+            told = (
+                f"{done} of {total} chain(s) finished are saved in {plan.output_dir}; rerun "
+                "the same command to resume"
+            )
+        else:  # (a fresh run stopped before it wrote anything is removed)
+            told = (
+                f"stopped before any chain ran; nothing was saved ({plan.output_dir} was not "
+                "kept); rerun the same command to start"
+            )
+        print(f"{what}: {told}", file=sys.stderr)
         raise _Interrupted(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         progress.close()

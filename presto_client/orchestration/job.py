@@ -48,7 +48,7 @@ from presto_client.orchestration.plan import JobPlan, PlannedChain, pending_engi
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
-from presto_client.orchestration.summary import summarize, summary_rows
+from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +222,9 @@ async def run_job_async(
             completed_ok = True
     finally:
         run.close(completed=completed_ok)
-        # (a fresh run that never wrote anything is removed at close: no summary of nothing)
-        summary = {} if run.removed else write_summary(run, plan)
+        # (a fresh run that never wrote anything is removed at close: no summary of nothing;
+        # after a failed write, the summary is left to the rerun)
+        summary = {} if run.removed or run.write_error else write_summary(run, plan)
     return JobResult(
         plan=plan,
         run_dir=run.path,
@@ -315,14 +316,16 @@ async def _run_chains(
             for n, h in engines.items():
                 b = before.get(n)
                 after = await read_prefix_cache_counters(h) if b is not None else None
-                if b is not None and after is not None:
-                    run.append_metrics(
-                        {
-                            "engine": n,
-                            "queries": after["prefix_cache_queries"] - b["prefix_cache_queries"],
-                            "hits": after["prefix_cache_hits"] - b["prefix_cache_hits"],
-                        }
-                    )
+                if b is not None and after is not None and run.write_error is None:
+                    delta = prefix_cache_delta(b, after)
+                    if delta is None:
+                        logger.warning(
+                            "engine %s: its prefix-cache counters went backwards (the server "
+                            "restarted?); this session's cache hit rate is not recorded",
+                            n,
+                        )
+                    else:
+                        run.append_metrics({"engine": n, **delta})
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

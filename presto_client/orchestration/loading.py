@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     ValidationError,
@@ -25,6 +24,12 @@ from pydantic import (
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import ENGINE_TAGS, JobConfig, Prompt, engine_kinds
+from presto_client.orchestration.input_files import (
+    MAX_CONFIG_BYTES,
+    MAX_PROMPTS_BYTES,
+    load_yaml,
+    read_text_file,
+)
 from presto_client.orchestration.overrides import apply_override, format_loc, parse_path
 from presto_client.urls import redact_url
 
@@ -162,19 +167,8 @@ def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ())
     ``output_dir`` becomes ``runs/<name>``.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such config file") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the config file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{p}{where}: not valid YAML: {problem}") from None
+    text = read_text_file(p, what="config file", max_bytes=MAX_CONFIG_BYTES)
+    data = load_yaml(text, source=str(p))
     if data is None:
         data = {}
     overridden: dict[str, str] = {}
@@ -202,13 +196,15 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
     elif pc.texts is not None:
         prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
     elif pc.file is not None:
-        try:
-            lines = pc.file.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(
-                f"prompts.file: cannot read {pc.file}: {exc.strerror}; fix the path (relative "
-                "paths are relative to the config file)"
-            ) from None
+        # JSONL is split on "\n" only: str.splitlines() also splits inside a JSON string at
+        # U+2028, U+0085 and other line breaks that JSON allows unescaped.
+        text = read_text_file(
+            pc.file,
+            what="prompts file",
+            max_bytes=MAX_PROMPTS_BYTES,
+            missing_hint="; fix prompts.file (relative paths are relative to the config file)",
+        )
+        lines = text.split("\n")
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue

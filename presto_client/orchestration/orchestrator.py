@@ -313,12 +313,17 @@ class Orchestrator:
         for sink in self.sinks:
             sink.chain_started(spec, replica)
         last_queue = 0.0
+        sink_error: list[Exception] = []
 
         def on_round(record: RoundRecord) -> None:
             nonlocal last_queue
             queued, last_queue = view.queue_s - last_queue, view.queue_s
-            for sink in self.sinks:
-                sink.round_done(spec, record, queued)
+            try:
+                for sink in self.sinks:
+                    sink.round_done(spec, record, queued)
+            except Exception as exc:
+                sink_error.append(exc)
+                raise
 
         start = time.perf_counter()
         try:
@@ -334,6 +339,10 @@ class Orchestrator:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if sink_error:
+                # a sink could not keep the round (the disk is full): the job stops; it is
+                # not the chain's failure
+                raise sink_error[0] from None
             outcome.error = _describe_error(exc)
             logger.warning("chain %s failed: %s", spec.chain_id, outcome.error)
             logger.debug("chain %s traceback", spec.chain_id, exc_info=True)

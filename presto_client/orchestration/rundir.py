@@ -55,6 +55,22 @@ SAMPLES_FSYNC_S = 1.0
 """At most one fsync of samples.jsonl per this many seconds (and one at close)."""
 
 
+class RunDirWriteError(ConfigError):
+    """A file of the run directory could not be written (disk full, quota, I/O error).
+
+    A local error, not a chain's: the job stops, nothing is counted as failed, and a rerun
+    after the cause is fixed resumes. A :class:`ConfigError`, so the exit status is 2.
+    """
+
+
+def _write_error(path: Path, exc: OSError) -> RunDirWriteError:
+    reason = (exc.strerror or str(exc)).lower()
+    return RunDirWriteError(
+        f"cannot write {path}: {reason}; free some space (or fix the cause) and rerun the same "
+        "command to resume"
+    )
+
+
 def fingerprint_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """The fingerprint fields on which two jobs disagree.
 
@@ -123,22 +139,40 @@ _TMP_NAME = re.compile(r"\..+\.\d+\.tmp")
 """The temporaries of :func:`atomic_write_text`: ``.<file name>.<pid>.tmp``."""
 
 
+def _ours(name: str) -> bool:
+    """Whether a file in a directory without ``run.json`` may be left by a session of ours that
+    died before writing it (the lock, a temporary), so the directory is still a new run's."""
+    return name == LOCK_FILE or bool(_TMP_NAME.fullmatch(name))
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _write_error(path, exc) from None
+
+
+_warned: set[tuple[str, int, int, int]] = set()
+"""(file, size, mtime, line) of the bad lines already warned about: a session reads a file
+several times (resume check, resume, summary), and one warning per line is enough."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file; a truncated or corrupt line is skipped with a warning."""
+    """The JSON objects of a JSONL file; a truncated or corrupt line is skipped with a warning
+    (once per line and version of the file)."""
     if not path.exists():
         return []
     rows: list[dict[str, Any]] = []
     with path.open("r", encoding="utf-8", errors="replace") as fh:
+        st = os.fstat(fh.fileno())
         lines = fh.read().split("\n")
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -146,6 +180,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
+            key = (str(path.resolve()), st.st_size, st.st_mtime_ns, lineno)
+            if key in _warned:
+                continue
+            _warned.add(key)
             last = lineno >= len(lines) - 1
             logger.warning(
                 "%s:%d: skipping %s line", path, lineno, "a truncated last" if last else "a corrupt"
@@ -154,6 +192,42 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+class _AppendFile:
+    """A JSONL file appended one whole line at a time: a line that cannot be written in full
+    (disk full) is cut off again, so the file never keeps a torn line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
+        self._size = os.fstat(self._fd).st_size
+
+    def write(self, text: str) -> None:
+        raw = text.encode("utf-8")
+        data = memoryview(raw)
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)  # (needs no space)
+            raise _write_error(self.path, exc) from None
+        self._size += len(raw)
+
+    def fsync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise _write_error(self.path, exc) from None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _dumps(row: Mapping[str, Any]) -> str:
@@ -190,8 +264,8 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._records: IO[str] | None = None
-        self._samples: IO[str] | None = None
+        self._records: _AppendFile | None = None
+        self._samples: _AppendFile | None = None
         self._samples_synced = float("-inf")
         self.finished: dict[str, dict[str, Any]] = {}
         self.session = 0
@@ -203,6 +277,9 @@ class RunDir:
         self._fresh_run = False
         self._wrote = False
         self.removed = False
+        self.write_error: RunDirWriteError | None = None
+        """The first write that failed: every later write raises it again (the session is
+        over; a rerun resumes)."""
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -248,7 +325,7 @@ class RunDir:
         Raises :class:`ConfigError` otherwise.
         """
         if not self.exists():
-            if self.path.is_dir() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
+            if self.path.is_dir() and any(not _ours(p.name) for p in self.path.iterdir()):
                 raise ConfigError(
                     f"{self.path} exists and is not a run directory; choose another --output"
                 )
@@ -292,7 +369,10 @@ class RunDir:
         try:
             return self._open_locked(fingerprint, resolved_config, chains)
         except BaseException:
-            self._unlock()
+            if self._fresh_run:
+                self._remove_unused_run()  # (else a rerun finds a directory it refuses)
+            else:
+                self._unlock()
             raise
 
     def _open_locked(
@@ -333,8 +413,8 @@ class RunDir:
         atomic_write_text(
             self.path / CONFIG_FILE, yaml.safe_dump(dict(resolved_config), sort_keys=False)
         )
-        self._records = (self.path / RECORDS_FILE).open("a", encoding="utf-8")
-        self._samples = (self.path / SAMPLES_FILE).open("a", encoding="utf-8")
+        self._records = _AppendFile(self.path / RECORDS_FILE)
+        self._samples = _AppendFile(self.path / SAMPLES_FILE)
         return self.finished
 
     def _remove_stale_temporaries(self) -> None:
@@ -423,52 +503,79 @@ class RunDir:
 
     # --- writing --------------------------------------------------------------------------------
 
+    def _writing(self) -> None:
+        if self.write_error is not None:
+            raise self.write_error
+        self._wrote = True
+
+    def _failed(self, exc: RunDirWriteError) -> RunDirWriteError:
+        if self.write_error is None:
+            self.write_error = exc
+        return exc
+
     def append_record(self, row: Mapping[str, Any]) -> None:
         if self._records is None:
             raise RuntimeError("run directory not opened")
-        self._wrote = True
-        self._records.write(_dumps(row) + "\n")
-        self._records.flush()
+        self._writing()
+        try:
+            self._records.write(_dumps(row) + "\n")
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def append_sample(self, row: Mapping[str, Any]) -> None:
-        """One finished chain: written and flushed at once (a killed process loses nothing);
-        fsynced at most every :data:`SAMPLES_FSYNC_S` and at close, not per chain (an fsync
-        blocks the event loop for milliseconds; with thousands of chains that was the loop's
-        time). An OS crash can lose the last second of samples: those chains rerun on resume,
-        from their seeds, and a truncated last line is tolerated."""
+        """One finished chain: written at once (a killed process loses nothing), as one whole
+        line (a line that does not fit on the disk is cut off again); fsynced at most every
+        :data:`SAMPLES_FSYNC_S` and at close, not per chain (an fsync blocks the event loop for
+        milliseconds; with thousands of chains that was the loop's time). An OS crash can lose
+        the last second of samples: those chains rerun on resume, from their seeds, and a
+        truncated last line is tolerated."""
         if self._samples is None:
             raise RuntimeError("run directory not opened")
-        self._wrote = True
-        self._samples.write(_dumps(row) + "\n")
-        self._samples.flush()
-        now = time.monotonic()
-        if now - self._samples_synced >= SAMPLES_FSYNC_S:
-            os.fsync(self._samples.fileno())
-            self._samples_synced = now
+        self._writing()
+        try:
+            self._samples.write(_dumps(row) + "\n")
+            now = time.monotonic()
+            if now - self._samples_synced >= SAMPLES_FSYNC_S:
+                self._samples.fsync()
+                self._samples_synced = now
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
-        self._wrote = True
-        with (self.path / METRICS_FILE).open("a", encoding="utf-8") as fh:
-            fh.write(_dumps({"session": self.session, **row}) + "\n")
+        self._writing()
+        try:
+            fh = _AppendFile(self.path / METRICS_FILE)
+            try:
+                fh.write(_dumps({"session": self.session, **row}) + "\n")
+            finally:
+                fh.close()
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def write_summary(self, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
         """``summary.json`` (everything) and ``summary.csv`` (one row per arm), atomically."""
-        self._wrote = True
-        atomic_write_text(
-            self.path / SUMMARY_JSON,
-            json.dumps(summary, indent=1, default=_json_default, allow_nan=False) + "\n",
-        )
-        atomic_write_text(self.path / SUMMARY_CSV, rows_to_csv(rows))
+        self._writing()
+        try:
+            atomic_write_text(
+                self.path / SUMMARY_JSON,
+                json.dumps(summary, indent=1, default=_json_default, allow_nan=False) + "\n",
+            )
+            atomic_write_text(self.path / SUMMARY_CSV, rows_to_csv(rows))
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def close(self, *, completed: bool = False) -> None:
         for fh in (self._records, self._samples):
-            if fh is not None and not fh.closed:
-                fh.flush()
-                if fh is self._samples:
-                    with contextlib.suppress(OSError):
-                        os.fsync(fh.fileno())
+            if fh is not None:
+                if fh is self._samples and self.write_error is None:
+                    with contextlib.suppress(RunDirWriteError):
+                        fh.fsync()
                 fh.close()
         self._records = self._samples = None
+        if self.write_error is not None:
+            # the disk refused a write: leave run.json as it is (a rerun resumes from it)
+            self._unlock()
+            return
         if self._fresh_run and not self._wrote and not completed and self._lock_fh is not None:
             self._remove_unused_run()
             return
@@ -482,7 +589,7 @@ class RunDir:
                 atomic_write_text(
                     self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default)
                 )
-            except (PrestoError, OSError) as exc:  # never mask the error that closes a session
+            except PrestoError as exc:  # never mask the error that closes a session
                 logger.warning("could not update %s: %s", self.path / RUN_FILE, exc)
         self._unlock()
 

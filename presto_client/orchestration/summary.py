@@ -181,18 +181,41 @@ def _arm_sort_key(arm: Mapping[str, Any], engine_order: Sequence[str]) -> tuple[
     return (e, t, str(arm.get("arm")))
 
 
+def prefix_cache_delta(
+    before: Mapping[str, float], after: Mapping[str, float]
+) -> dict[str, float] | None:
+    """A session's prefix-cache queries and hits (the counters after minus before), or ``None``
+    when a counter went backwards: the server restarted during the session, and the difference
+    of two counter lifetimes means nothing (it was negative, and gave hit rates over 100%)."""
+    queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+    hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+    if queries < 0 or hits < 0:
+        return None
+    return {"queries": queries, "hits": min(hits, queries)}
+
+
 def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Per engine: prefix-cache hits / queries over every session's counter deltas."""
+    """Per engine: prefix-cache hits / queries over every session's counter deltas (a delta
+    whose counters went backwards, which older runs wrote, is left out; the rate is at most 1)."""
     queries: dict[str, float] = {}
     hits: dict[str, float] = {}
     for row in metrics:
         engine = str(row.get("engine"))
-        if row.get("queries") is None:
+        q, h = row.get("queries"), row.get("hits")
+        if q is None or as_number(q) < 0 or as_number(h) < 0:
+            if q is not None:
+                logger.warning(
+                    "metrics of engine %s, session %s: negative prefix-cache counts (the "
+                    "server restarted?); left out of the hit rate",
+                    engine,
+                    row.get("session"),
+                )
             queries.setdefault(engine, 0.0)
             continue
-        queries[engine] = queries.get(engine, 0.0) + as_number(row.get("queries"))
-        hits[engine] = hits.get(engine, 0.0) + as_number(row.get("hits"))
-    return {e: _ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
+        queries[engine] = queries.get(engine, 0.0) + as_number(q)
+        hits[engine] = hits.get(engine, 0.0) + as_number(h)
+    rates = {e: _ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
+    return {e: None if r is None else min(max(r, 0.0), 1.0) for e, r in rates.items()}
 
 
 def summarize(
