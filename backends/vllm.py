@@ -211,7 +211,9 @@ class VllmAdapter(Adapter):
     max_top_k: ClassVar[int | None] = 20  # --max-logprobs default
     start_hint: ClassVar[str] = (
         "start it with `python -m vllm.entrypoints.openai.api_server --model DIR --port PORT "
-        "--dtype float32` (or `bash scripts/vllm_cpu.sh start` for the CPU test server)"
+        "--dtype float32`; or `bash scripts/vllm_cpu.sh start` for the CPU test server, which "
+        "serves on port 8765, not 8000 (configs/vllm_cpu.yaml points there; elsewhere add "
+        "`--set engines[0].base_url=http://127.0.0.1:8765`)"
     )
 
     @property

