@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from presto_client import defaults
+from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     ContextLimited,
     Identified,
@@ -187,18 +188,37 @@ async def probe_engine(handle: OpenedEngine) -> list[Any]:
     return list(reports)
 
 
-async def read_prefix_cache_counters(handle: OpenedEngine) -> dict[str, float] | None:
-    total: dict[str, float] = {}
+METRICS_TIMEOUT_S = 10.0
+"""Bound on one read of an engine's prefix-cache counters (all its replicas together)."""
+METRICS_TIMEOUT_STOPPING_S = 1.0
+"""The bound when the job is stopping (interrupted, or failed): a healthy server answers
+``/metrics`` in milliseconds, and one that is down would otherwise hold the exit for the whole
+bound while its connection is retried (the counters are a by-product, not worth the wait)."""
+
+
+async def read_prefix_cache_counters(
+    handle: OpenedEngine, *, timeout_s: float = METRICS_TIMEOUT_S
+) -> dict[str, float] | None:
+    """The engine's prefix-cache counters summed over its replicas (read concurrently, within
+    ``timeout_s`` in all); ``None`` when a replica has none or does not answer in time."""
+    replicas: list[PrefixCacheMetered] = []
     for r in handle.replicas:
         if not isinstance(r, PrefixCacheMetered):
             return None
-        try:
-            m = await asyncio.wait_for(r.metrics(), timeout=10)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.info("engine %s: no metrics (%s)", handle.name, exc)
-            return None
+        replicas.append(r)
+    try:
+        async with asyncio.timeout(timeout_s):
+            readings = await gather_or_fail([r.metrics() for r in replicas])
+    except asyncio.CancelledError:
+        raise
+    except TimeoutError:
+        logger.info("engine %s: no metrics (no answer within %g s)", handle.name, timeout_s)
+        return None
+    except Exception as exc:
+        logger.info("engine %s: no metrics (%s)", handle.name, exc)
+        return None
+    total: dict[str, float] = {}
+    for m in readings:
         if "prefix_cache_queries" not in m or "prefix_cache_hits" not in m:
             return None
         for k in ("prefix_cache_queries", "prefix_cache_hits"):

@@ -26,6 +26,8 @@ from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines import (
+    METRICS_TIMEOUT_S,
+    METRICS_TIMEOUT_STOPPING_S,
     OpenedEngine,
     check_lengths,
     engine_eos_token_id,
@@ -304,8 +306,11 @@ async def _run_chains(
             finish=add_text,
         )
         before = {n: await read_prefix_cache_counters(h) for n, h in engines.items()}
+        stopping = True  # (interrupted or failed, until the orchestrator returns)
         try:
-            return await orchestrator.run(specs)
+            ran = await orchestrator.run(specs)
+            stopping = False
+            return ran
         except JobFailedError as exc:
             raise JobFailedError(
                 f"{exc}\nFinished chains are saved in {run.path}; fix the cause and rerun "
@@ -313,19 +318,25 @@ async def _run_chains(
                 "retried)."
             ) from None
         finally:
-            for n, h in engines.items():
-                b = before.get(n)
-                after = await read_prefix_cache_counters(h) if b is not None else None
-                if b is not None and after is not None and run.write_error is None:
-                    delta = prefix_cache_delta(b, after)
-                    if delta is None:
-                        logger.warning(
-                            "engine %s: its prefix-cache counters went backwards (the server "
-                            "restarted?); this session's cache hit rate is not recorded",
-                            n,
-                        )
-                    else:
-                        run.append_metrics({"engine": n, **delta})
+            # Every engine's counters at once; briefly when stopping (engines.py says why).
+            timeout_s = METRICS_TIMEOUT_STOPPING_S if stopping else METRICS_TIMEOUT_S
+            metered = [n for n in engines if before.get(n) is not None]
+            afters = await asyncio.gather(
+                *(read_prefix_cache_counters(engines[n], timeout_s=timeout_s) for n in metered)
+            )
+            for n, after in zip(metered, afters, strict=True):
+                b = before[n]
+                if b is None or after is None or run.write_error is not None:
+                    continue
+                delta = prefix_cache_delta(b, after)
+                if delta is None:
+                    logger.warning(
+                        "engine %s: its prefix-cache counters went backwards (the server "
+                        "restarted?); this session's cache hit rate is not recorded",
+                        n,
+                    )
+                else:
+                    run.append_metrics({"engine": n, **delta})
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -94,6 +94,9 @@ class Faults:
     short_times: int = 0
     delay_s: float = 0.0
     """Sleep before answering (and between streamed events)."""
+    stall_streams: bool = False
+    """Streams (vLLM ``"stream": true``) send their headers, then only SSE keepalive comments,
+    forever: a stream that never ends (until the client closes it or the server stops)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def take(self, name: str) -> bool:
@@ -182,6 +185,8 @@ class EmulationServer:
         self._host = host
         self._port = port
         self._server: ThreadingHTTPServer | None = None
+        self.stopping = threading.Event()
+        """Set by :meth:`stop`: what a handler that would never end stops on."""
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle
@@ -199,6 +204,7 @@ class EmulationServer:
         return self.model.vocab_size
 
     def start(self) -> EmulationServer:
+        self.stopping.clear()
         handler = _make_handler(self)
         self._server = ThreadingHTTPServer((self._host, self._port), handler)
         self._server.daemon_threads = True
@@ -213,6 +219,7 @@ class EmulationServer:
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -851,7 +858,17 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
                 return None
             return data
 
+        def _stopped(self) -> bool:
+            """A stopped server answers nothing, not even on a connection kept alive from
+            before (the client sees the connection closed, as when a server goes down)."""
+            if server.stopping.is_set():
+                self.close_connection = True
+                return True
+            return False
+
         def do_GET(self) -> None:
+            if self._stopped():
+                return
             path = self.path.split("?")[0]
             server.stats.count(path, None)
             if path == "/health":
@@ -876,6 +893,8 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"Not Found: {path}")
 
         def do_POST(self) -> None:
+            if self._stopped():
+                return
             path = self.path.split("?")[0]
             body = self._read_json()
             if body is None:
@@ -932,6 +951,11 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.close_connection = True
             try:
+                if server.faults.stall_streams:
+                    while not server.stopping.wait(0.1):
+                        self.wfile.write(b": keepalive\n\n")
+                        self.wfile.flush()
+                    return
                 for event in [first, *events]:
                     self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                     self.wfile.flush()
