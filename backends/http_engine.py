@@ -18,20 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from backends.adapter import (
-    RAW,
-    SCALED,
-    Adapter,
-    HttpCall,
-    TokenLogprobs,
+from backends.adapter import RAW, SCALED, Adapter, HttpCall
+from backends.metrics import prefix_cache_metrics
+from backends.parsing import TokenLogprobs
+from backends.pool import Pool
+from backends.retry import Sleep
+from backends.scoring import (
     exact_from_full_rows,
     exact_from_normalisers,
     scored_from_raw,
     scored_from_scaled,
 )
-from backends.metrics import prefix_cache_metrics
-from backends.pool import Pool
-from backends.retry import Sleep
 from backends.spec import Capabilities, EngineSpec, ProbeReport
 from backends.transport import Transport
 from presto_client.concurrency import gather_or_fail

@@ -13,7 +13,7 @@ import html
 import re
 from typing import Any
 
-from backends.adapter import error_message
+from backends.parsing import error_message
 from backends.pool import ConnectError, ConnectTimeout, ReadTimeout
 
 NOT_OPENAI = "this is not an OpenAI-compatible server (it answered with an HTML page)"

@@ -72,7 +72,7 @@ def _stages(captures: Path, t: int) -> dict[str, Any]:
     import orjson
 
     import backends
-    from backends.adapter import scored_from_raw
+    from backends.scoring import scored_from_raw
     from backends.spec import EngineSpec
     from backends.transport import Transport, loads
     from backends.vllm import VllmAdapter
