@@ -40,7 +40,7 @@ from backends.retry import (
     retrying,
 )
 from backends.spec import DEFAULT_RESTART_WINDOW_S
-from backends.wire import SSEDecoder, decode_events, decode_json, loads
+from backends.wire import SSEDecoder, decode_events, decode_json
 from presto_client import defaults
 from presto_client.errors import (
     ConfigError,
@@ -49,15 +49,6 @@ from presto_client.errors import (
     EngineUnavailableError,
 )
 from presto_client.urls import redact_url, split_userinfo
-
-__all__ = [
-    "DEFAULT_RESTART_WINDOW_S",
-    "SSEDecoder",
-    "Sleep",
-    "Transport",
-    "loads",
-    "parse_retry_after",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from backends.pool import ConnectError
-from backends.transport import Transport, parse_retry_after
+from backends.retry import parse_retry_after
+from backends.transport import Transport
 from presto_client.concurrency import gather_or_fail
 from presto_client.errors import (
     EngineError,

@@ -30,9 +30,6 @@ class Sent:
     def path(self) -> str:
         return urlsplit(self.url).path
 
-    def json(self) -> Any:
-        return json.loads(self.body or b"{}")
-
 
 @dataclass(frozen=True, slots=True)
 class Answer:
