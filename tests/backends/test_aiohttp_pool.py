@@ -8,10 +8,21 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aiohttp
 import pytest
 from aiohttp import web
 
-from backends.aiohttp_pool import AiohttpPool
+from backends.aiohttp_pool import AiohttpPool, transport_error
+from backends.pool import (
+    ConnectError,
+    ConnectTimeout,
+    NetworkError,
+    ReadError,
+    ReadTimeout,
+    RemoteProtocolError,
+    TransportError,
+    UnsupportedURL,
+)
 from backends.transport import Transport
 from presto_client.errors import EngineRequestError, EngineUnavailableError, InvalidResponseError
 
@@ -190,3 +201,22 @@ async def test_a_silent_server_is_a_read_timeout(
     with pytest.raises(EngineUnavailableError, match="read timeout"):
         await _events(t, "s")
     await t.aclose()
+
+
+def test_aiohttp_failures_map_to_the_pool_errors() -> None:
+    """The one place aiohttp's exceptions are translated: what retries, restart detection and
+    messages are written against."""
+    key = aiohttp.client_reqrep.ConnectionKey("h", 1, False, True, None, None, None)
+    cases: list[tuple[BaseException, type[TransportError]]] = [
+        (aiohttp.ServerDisconnectedError(), RemoteProtocolError),
+        (aiohttp.ClientConnectorError(key, OSError(111, "Connection refused")), ConnectError),
+        (aiohttp.ConnectionTimeoutError(), ConnectTimeout),
+        (aiohttp.SocketTimeoutError(), ReadTimeout),
+        (TimeoutError(), ReadTimeout),
+        (aiohttp.ClientPayloadError("cut"), ReadError),
+        (aiohttp.ClientOSError(104, "reset"), ReadError),
+        (aiohttp.InvalidURL("ftp://x"), UnsupportedURL),
+        (aiohttp.ClientError("other"), NetworkError),
+    ]
+    for exc, want in cases:
+        assert type(transport_error(exc)) is want, exc
