@@ -16,23 +16,21 @@ import math
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-import httpx
 import numpy as np
 
-from backends.adapter import (
-    RAW,
-    SCALED,
-    Adapter,
-    HttpCall,
-    TokenLogprobs,
+from backends.adapter import RAW, SCALED, Adapter, HttpCall
+from backends.metrics import prefix_cache_metrics
+from backends.parsing import TokenLogprobs
+from backends.pool import Pool
+from backends.retry import Sleep
+from backends.scoring import (
     exact_from_full_rows,
     exact_from_normalisers,
     scored_from_raw,
     scored_from_scaled,
 )
-from backends.metrics import prefix_cache_metrics
 from backends.spec import Capabilities, EngineSpec, ProbeReport
-from backends.transport import Sleep, Transport
+from backends.transport import Transport
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     FloatArray,
@@ -81,7 +79,7 @@ class HttpEngine:
         adapter: Adapter,
         *,
         replica: int = 0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        pool: Pool | None = None,
         sleep: Sleep | None = None,
     ) -> None:
         self.spec = spec
@@ -99,7 +97,7 @@ class HttpEngine:
             max_retries=spec.max_retries,
             restart_window_s=spec.restart_window_s,
             api_key=spec.api_key,
-            transport=transport,
+            pool=pool,
             sleep=sleep,
             start_hint=adapter.start_hint,
         )

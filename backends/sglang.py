@@ -20,12 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.adapter import (
-    RAW,
-    SCALED,
-    Adapter,
-    HttpCall,
-    ParsedModels,
+from backends.adapter import RAW, SCALED, Adapter, HttpCall, ParsedModels
+from backends.parsing import (
     TokenLogprobs,
     check_ids,
     check_length,

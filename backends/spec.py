@@ -15,10 +15,6 @@ from presto_client.urls import host_port, split_userinfo
 DEFAULT_RESTART_WINDOW_S = defaults.RESTART_WINDOW_S
 """See :data:`presto_client.defaults.RESTART_WINDOW_S`."""
 
-VLLM_LOGPROB_MODES: tuple[str, ...] = ("raw", "processed")
-SGLANG_LOGPROB_MODES: tuple[str, ...] = ("scaled", "raw")
-OPENAI_LOGPROB_MODES: tuple[str, ...] = ("raw",)
-
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from orch_helpers import make_config
 
@@ -17,6 +16,7 @@ from presto_client.errors import EngineError
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.plan import make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 
 emulation = pytest.importorskip("tests.support.emulation")
 
@@ -95,15 +95,13 @@ class _Tokenizer:
         self.known = known
         self.sent: list[tuple[str, dict[str, Any]]] = []
         spec = EngineSpec("vllm", ("http://tokenizer:1",), model="m", name="fake")
-        self.engine = create_engine(spec, transport=httpx.MockTransport(self.answer))
+        self.engine = create_engine(spec, pool=MemoryPool(self.answer))
 
-    def answer(self, request: httpx.Request) -> httpx.Response:
-        self.sent.append((request.url.path, json.loads(request.content or b"{}")))
-        if request.url.path not in self.known:
-            return httpx.Response(
-                404, json={"error": {"message": f"Not Found: {request.url.path}"}}
-            )
-        return httpx.Response(200, json=self.known[request.url.path])
+    def answer(self, request: Sent) -> Answer:
+        self.sent.append((request.path, json.loads(request.body or b"{}")))
+        if request.path not in self.known:
+            return json_answer(404, {"error": {"message": f"Not Found: {request.path}"}})
+        return json_answer(200, self.known[request.path])
 
 
 async def test_prompts_are_tokenized_by_the_engine() -> None:
