@@ -30,16 +30,9 @@ from pydantic import (
 
 from backends.registry import BUILTIN_BACKENDS, available_backends
 from presto_client import defaults
-from presto_client.core.sampler_config import (
-    ARM_TRAVERSALS,
-    MAX_ALPHA,
-    MIN_TAU,
-    SAMPLERS,
-    SamplerConfig,
-    arm_traversal_names,
-    sampler_names,
-    sampler_settings,
-)
+from presto_client.core.kernels import SAMPLER_KERNELS, sampler_names, sampler_settings
+from presto_client.core.methods import arm_traversal_names, get_method
+from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
 from presto_client.orchestration.grading import GraderConfig
 from presto_client.urls import redact_url, split_userinfo
 
@@ -337,9 +330,12 @@ def _known_sampler(name: str) -> str:
 
 
 TraversalName = Annotated[str, AfterValidator(_known_traversal)]
-"""A registered traversal (:func:`presto_client.core.sampler_config.arm_traversal_names`)."""
-SamplerName = Annotated[str, AfterValidator(_known_sampler)]
-"""A registered sampler (:func:`presto_client.core.sampler_config.sampler_names`)."""
+"""A registered method (:func:`presto_client.core.methods.arm_traversal_names`)."""
+RegisteredSampler = Annotated[str, AfterValidator(_known_sampler)]
+"""A registered sampler (:func:`presto_client.core.kernels.sampler_names`)."""
+
+_CORE = SamplerConfig()
+"""The core's defaults: every sampler default below is read from it, never restated."""
 
 
 def _default_traversals() -> list[TraversalName]:
@@ -351,14 +347,14 @@ def _default_traversals() -> list[TraversalName]:
 class SamplerSettings(_Strict):
     """The sampler every arm runs, and the traversals (baseline and PreSTO rules) to run it with."""
 
-    sampler: SamplerName = Field(
-        "power_mh",
-        description=f"Which power sampler: one of {', '.join(SAMPLERS)}; or a block with its "
-        "own settings, e.g. {kind: entropy_cut, beta: 4} or "
+    sampler: RegisteredSampler = Field(
+        _CORE.sampler,
+        description=f"Which power sampler: one of {', '.join(sampler_names())}; or a block with "
+        "its own settings, e.g. {kind: entropy_cut, beta: 4} or "
         "{kind: multi_try_mh, k_try: 4, temperatures: [0.5, 1.0]}.",
     )
     alpha: float = Field(
-        4.0,
+        _CORE.alpha,
         gt=0,
         le=MAX_ALPHA,
         allow_inf_nan=False,
@@ -372,38 +368,49 @@ class SamplerSettings(_Strict):
         description=f"Proposal temperature τ, at least {MIN_TAU:g}; null: 1/α (the paper's "
         "setting).",
     )
-    block_size: int = Field(16, ge=1, description="Tokens per block B.")
-    num_blocks: int = Field(1, ge=1, description="Blocks per response (length = B × blocks).")
+    block_size: int = Field(_CORE.block_size, ge=1, description="Tokens per block B.")
+    num_blocks: int = Field(
+        _CORE.num_blocks, ge=1, description="Blocks per response (length = B × blocks)."
+    )
     steps_per_block: int = Field(
-        8, ge=0, description="K: Metropolis–Hastings transitions after each block's extension."
+        _CORE.steps_per_block,
+        ge=0,
+        description="K: Metropolis–Hastings transitions after each block's extension.",
     )
     traversals: list[TraversalName] = Field(
         default_factory=_default_traversals,
         min_length=1,
-        description=f"Traversal rules to run, one arm each: {', '.join(ARM_TRAVERSALS)} "
+        description=f"Traversal rules to run, one arm each: {', '.join(arm_traversal_names())} "
         "(sample, low_temperature, greedy: baselines without MH). "
         "'sequential' is the PowerMH baseline; speedups are measured against it.",
     )
     n_pf: int = Field(
-        8,
+        ROUND_SIZE,
         ge=1,
         description="N_pf: proposal requests prefetched per round (bfs, predictive, crn).",
     )
     window: int = Field(
-        16,
+        WINDOW,
         ge=1,
         description="W of the 'stream' traversal: the most proposals a chain keeps in flight. A "
         "cap: the engine's measured cost and the budget its chains share may allow fewer.",
     )
     epsilon: float = Field(
-        0.01, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
+        _CORE.epsilon, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
     )
-    beta: float = Field(4.0, gt=0, description="EntropyCut: exponent of the cut law.")
-    k_try: int = Field(4, ge=1, description="MultiTryMH: candidate suffixes per transition.")
+    beta: float = Field(_CORE.beta, gt=0, description="EntropyCut: exponent of the cut law.")
+    k_try: int = Field(
+        _CORE.k_try, ge=1, description="MultiTryMH: candidate suffixes per transition."
+    )
     temperatures: list[float] = Field(
-        default_factory=lambda: [0.25, 0.5, 1.0],
+        default_factory=lambda: list(_CORE.temperatures),
         min_length=1,
         description="MultiTryMH: temperatures a candidate may be drawn at.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings of a registered sampler's own (its kernel's options), given in "
+        "the sampler block: sampler: {kind: NAME, SETTING: VALUE}.",
     )
 
     @model_validator(mode="before")
@@ -447,7 +454,35 @@ class SamplerSettings(_Strict):
                 f"{', '.join(twice)} given twice: inside sampler: {{kind: {kind}, ...}} and "
                 "beside it"
             )
-        return {**data, "sampler": kind, **block}
+        options = SAMPLER_KERNELS[kind].options
+        own_options = {k: block.pop(k) for k in [*block] if k in options}
+        out = {**data, "sampler": kind, **block}
+        if own_options:
+            out["options"] = own_options
+        return out
+
+    @model_validator(mode="after")
+    def _options_of_the_sampler(self) -> SamplerSettings:
+        """Each option is the chosen sampler's, and its value is what the kernel accepts."""
+        declared = SAMPLER_KERNELS[self.sampler].options
+        for name, value in self.options.items():
+            setting = declared.get(name)
+            if setting is None:
+                raise ValueError(
+                    f"sampler {self.sampler!r} has no setting {name!r}; its own settings are: "
+                    f"{', '.join(sampler_settings(self.sampler)) or 'none'}"
+                )
+            try:
+                setting.parse(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"sampler {self.sampler!r}, {name}: {exc}") from None
+        return self
+
+    def method_size(self, traversal: str) -> int | None:
+        """The size a method's arm runs with: ``n_pf`` (a round method), ``window``
+        (``stream``) or ``None`` (a method without one)."""
+        size = get_method(traversal).size
+        return self.n_pf if size == "round" else self.window if size == "window" else None
 
     @model_validator(mode="before")
     @classmethod
@@ -489,6 +524,7 @@ class SamplerSettings(_Strict):
             temperatures=tuple(self.temperatures),
             epsilon=self.epsilon,
             eos_token_id=eos_token_id,
+            options=tuple(sorted(self.options.items())),
         )
 
 

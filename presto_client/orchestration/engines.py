@@ -25,6 +25,7 @@ from presto_client.core.engine_protocol import (
     Probing,
 )
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
+from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.orchestration.config import (
     EmbeddedEngineConfig,
@@ -49,7 +50,12 @@ def engine_eos_token_id(e: EngineConfig) -> int | None:
 
 @dataclass(slots=True)
 class OpenedEngine:
-    """An engine of the job, opened: its replicas and what the orchestration needs to know."""
+    """An engine of the job, opened: its replicas and what the orchestration needs to know.
+
+    It owns the speculation budget of each replica (one server, one cost curve), which every
+    chain on that replica shares: made here, handed to the chains through the orchestrator's
+    :class:`~presto_client.orchestration.orchestrator.EnginePool`.
+    """
 
     name: str
     kind: str
@@ -57,6 +63,21 @@ class OpenedEngine:
     max_concurrency: int
     eos_token_id: int | None = None
     probes: list[Any] = field(default_factory=list)
+    budgets: list[SpeculationBudget] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, e: EngineConfig, replicas: Sequence[Any], job_max_concurrency: int) -> OpenedEngine:
+        """``replicas`` of the engine configured as ``e``, each with a budget of its own sized
+        from the bounds its requests run under (the engine's and the job's)."""
+        capacity = min(e.max_concurrency, job_max_concurrency)
+        return cls(
+            str(e.name),
+            e.kind,
+            list(replicas),
+            e.max_concurrency,
+            engine_eos_token_id(e),
+            budgets=[SpeculationBudget(capacity) for _ in replicas],
+        )
 
 
 def start_embedded_servers(
@@ -130,9 +151,7 @@ async def open_engines(
             engine: Any = ReferenceEngine(model, top_k=e.top_k, name=name)
             if e.latency_s or e.token_latency_s:
                 engine = SimulatedLatencyEngine(engine, e.latency_s, e.token_latency_s)
-            opened[name] = OpenedEngine(
-                name, e.kind, [engine], e.max_concurrency, engine_eos_token_id(e)
-            )
+            opened[name] = OpenedEngine.of(e, [engine], cfg.max_concurrency)
             continue
         from backends import EngineSpec, create_engine
 
@@ -168,7 +187,7 @@ async def open_engines(
         replicas = [create_engine(spec, i) for i in range(len(spec.base_urls))]
         for r in replicas:
             stack.push_async_callback(r.aclose)
-        handle = OpenedEngine(name, e.kind, replicas, e.max_concurrency, engine_eos_token_id(e))
+        handle = OpenedEngine.of(e, replicas, cfg.max_concurrency)
         if probe and do_probe:
             handle.probes = await probe_engine(handle)
         opened[name] = handle

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.core.engine_protocol import Engine
-from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.settings import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines import (
     OpenedEngine,
     check_lengths,
-    engine_eos_token_id,
     engine_identities,
     open_engines,
     read_prefix_cache_counters,
@@ -51,16 +50,6 @@ from presto_client.orchestration.rundir import RunDir, check_output_dir
 from presto_client.orchestration.summary import summarize, summary_rows
 
 logger = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------------
-# The plan (plain data)
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Engines
-# --------------------------------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,9 +248,7 @@ async def _run_chains(
         for name, replicas in overrides.items():
             if name in used:
                 e = next(x for x in cfg.engines if x.name == name)
-                engines[name] = OpenedEngine(
-                    name, e.kind, list(replicas), e.max_concurrency, engine_eos_token_id(e)
-                )
+                engines[name] = OpenedEngine.of(e, replicas, cfg.max_concurrency)
         run.record_engine_identity(await engine_identities(engines))
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
@@ -278,7 +265,7 @@ async def _run_chains(
                 chain_index=c.chain_index,
                 seed=c.seed,
                 prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
-                n_pf=cfg.sampler.window if c.arm.traversal == "stream" else cfg.sampler.n_pf,
+                n_pf=cfg.sampler.method_size(c.arm.traversal),
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
             )
             for c in todo
@@ -295,7 +282,10 @@ async def _run_chains(
                 outcome.text = await decode(replica, outcome.result.token_ids)
 
         orchestrator = Orchestrator(
-            {n: EnginePool(n, h.replicas, h.max_concurrency) for n, h in engines.items()},
+            {
+                n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets)
+                for n, h in engines.items()
+            },
             max_concurrency=cfg.max_concurrency,
             max_active_chains=cfg.max_active_chains,
             max_failed_chains=cfg.failure_budget(len(plan.chains)),

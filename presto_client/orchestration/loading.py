@@ -273,4 +273,7 @@ def _redact(node: Any, key: str = "") -> Any:
 
 def redacted_dump(cfg: JobConfig) -> dict[str, Any]:
     """The resolved config as plain data with secrets removed (credentials in URLs)."""
-    return typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))
+    data = typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))
+    if not data["sampler"]["options"]:
+        del data["sampler"]["options"]  # (a sampler without options, recorded as it always was)
+    return data

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from presto_client import defaults
-from presto_client.core.sampler_config import arm_traversal_names
+from presto_client.core.methods import arm_traversal_names
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import (
     EmbeddedEngineConfig,
@@ -117,6 +117,8 @@ def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]
     there must keep its kind and model.
     """
     sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals"})
+    if not sampler["options"]:
+        del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
     engines: dict[str, Any] = {}
     for e in cfg.engines:
         model: str | None

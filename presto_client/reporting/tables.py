@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, REPLAYING
+from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, replays
 
 
 def _fmt(value: Any, kind: str = "") -> str:
@@ -32,8 +32,9 @@ def _speedup_cell(arm: Mapping[str, Any]) -> str:
 
 
 def _same_cell(arm: Mapping[str, Any]) -> str:
-    # Only crn and stream replay the baseline's chain (same draws); the trees are exact in law only.
-    if arm.get("identical_to_baseline") is None or arm.get("traversal") not in REPLAYING:
+    # Only the replaying methods (crn, stream) run the baseline's chain; the trees are exact in law
+    # only.
+    if arm.get("identical_to_baseline") is None or not replays(str(arm.get("traversal"))):
         return "-"
     return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
 
