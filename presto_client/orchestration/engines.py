@@ -274,3 +274,37 @@ async def engine_identities(engines: Mapping[str, OpenedEngine]) -> dict[str, di
             )
         out[name] = found[0]
     return out
+
+
+def describe_probe(name: str, report: Any) -> list[str]:
+    """A replica's probe report in words (``presto validate --probe``)."""
+    extra = ""
+    if report.seeds_honoured is not None:
+        extra = f", seeds honoured: {report.seeds_honoured}"
+    lines = [
+        f"  {name} {report.base_url}: ok, model {report.model}, "
+        f"logprob mode {report.logprob_mode}{extra}"
+    ]
+    lines.extend(f"    warning: {w}" for w in report.warnings)
+    return lines
+
+
+def probe_job(cfg: JobConfig, plan: JobPlan) -> list[str]:
+    """Open and probe every engine of the job (starting embedded servers), check the context
+    lengths, and describe what answered; blocking (``presto validate --probe``)."""
+
+    async def probe_all(urls: Mapping[str, str]) -> list[str]:
+        lines: list[str] = []
+        async with contextlib.AsyncExitStack() as astack:
+            engines = await open_engines(cfg, astack, embedded_urls=urls, probe=True)
+            check_lengths(plan, engines)
+            for name, handle in engines.items():
+                if not handle.probes:
+                    lines.append(f"  {name}: ok (in-process)")
+                for report in handle.probes:
+                    lines.extend(describe_probe(name, report))
+        return lines
+
+    with contextlib.ExitStack() as stack:
+        urls = start_embedded_servers(cfg, stack)
+        return asyncio.run(probe_all(urls))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, replays
@@ -249,3 +250,27 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
             ]
         )
     return render_table(header, rows)
+
+
+def runs_table_rows(path: Path, summary: Mapping[str, Any]) -> list[list[str]]:
+    """One run's arms as rows of :func:`format_runs_table` (``presto report`` of several runs)."""
+    rows = []
+    for arm in summary["arms"]:
+        med = arm.get("speedup_median")
+        tpc = arm.get("transitions_per_call")
+        rows.append(
+            [
+                str(path),
+                str(arm["arm"]),
+                str(arm["chains_ok"]),
+                "-" if tpc is None else f"{tpc:.2f}",
+                f"{arm['model_call_time_s']:.2f}",
+                "-" if med is None else f"{med:.2f}x",
+            ]
+        )
+    return rows
+
+
+def format_runs_table(rows: Sequence[Sequence[str]]) -> str:
+    """The arms of several runs side by side."""
+    return render_table(["run", "arm", "chains", "trans/call", "model time s", "speedup"], rows)
