@@ -12,9 +12,11 @@ Reading a YAML file, ``--set`` overrides and error messages with field paths:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -28,11 +30,14 @@ from pydantic import (
     model_validator,
 )
 
-from backends.registry import BUILTIN_BACKENDS, available_backends
+from backends.registry import BUILTIN_BACKENDS, available_backends, create_engine
+from backends.spec import EngineSpec
 from presto_client import defaults
 from presto_client.core.kernels import SAMPLER_KERNELS, sampler_names, sampler_settings
 from presto_client.core.methods import arm_traversal_names, get_method
+from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
 from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
+from presto_client.errors import ConfigError
 from presto_client.orchestration.grading import GraderConfig
 from presto_client.urls import redact_url, split_userinfo
 
@@ -80,6 +85,33 @@ class _EngineCommon(_Strict):
         description="Token id at which final responses are truncated; null: no truncation "
         "(the embedded engine knows its own).",
     )
+
+    #: Whether the engine tokenizes text prompts (and detokenizes responses) itself.
+    takes_text: ClassVar[bool] = True
+    #: The EOS of an engine whose model is known (the embedded one), used when none is given.
+    known_eos_token_id: ClassVar[int | None] = None
+
+    def resolved_eos_token_id(self) -> int | None:
+        """The EOS at which the engine's responses are truncated: the config's, else the
+        engine's own."""
+        return self.eos_token_id if self.eos_token_id is not None else self.known_eos_token_id
+
+    def fingerprint_model(self) -> str | None:
+        """What the engine serves, as a run directory's fingerprint records it."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Where the engine is and what it serves, in words (``presto validate``)."""
+        raise NotImplementedError
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        """The engine's replicas, ready to use (``index``: its place in ``engines:``, for
+        error messages); their owner closes them."""
+        raise NotImplementedError
+
+    def probes(self) -> bool:
+        """Whether the replicas are probed before the job (a served engine)."""
+        return False
 
 
 class HttpEngineConfig(_EngineCommon):
@@ -172,6 +204,45 @@ class HttpEngineConfig(_EngineCommon):
             return tuple(self.base_urls)
         return (self.base_url,) if self.base_url else ()
 
+    def fingerprint_model(self) -> str | None:
+        return self.model
+
+    def describe(self) -> str:
+        where = ", ".join(redact_url(u) for u in self.urls)
+        return f"{where}; model={self.model or '(from server)'} logprob_mode={self.logprob_mode}"
+
+    def probes(self) -> bool:
+        return self.probe
+
+    def _api_key(self, index: int) -> str | None:
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"engines[{index}].api_key_env: environment variable {self.api_key_env} is not "
+                f"set; export {self.api_key_env}=... before running"
+            )
+        return key
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        spec = EngineSpec(
+            kind=self.kind,
+            base_urls=self.urls,
+            model=self.model,
+            logprob_mode=self.logprob_mode,
+            top_k=self.top_k,
+            max_concurrency=self.max_concurrency,
+            request_timeout_s=self.request_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            max_retries=self.max_retries,
+            restart_window_s=self.restart_window_s,
+            api_key=self._api_key(index),
+            name=str(self.name),
+            vocab_size=self.vocab_size,
+        )
+        return [create_engine(spec, i) for i in range(len(spec.base_urls))]
+
 
 class EmbeddedEngineConfig(_EngineCommon):
     """The embedded CPU server (SmolLM2-135M, vLLM dialect on loopback), started by presto."""
@@ -189,6 +260,34 @@ class EmbeddedEngineConfig(_EngineCommon):
         defaults.EMBEDDED_REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
     )
     probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
+
+    known_eos_token_id: ClassVar[int | None] = defaults.EMBEDDED_EOS_TOKEN_ID
+
+    def fingerprint_model(self) -> str | None:
+        return f"{defaults.EMBEDDED_MODEL}:{self.dtype}"
+
+    def describe(self) -> str:
+        return (
+            f"embedded CPU server (started by presto); model={defaults.EMBEDDED_MODEL} "
+            f"dtype={self.dtype}"
+        )
+
+    def probes(self) -> bool:
+        return self.probe
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        name = str(self.name)
+        if name not in embedded_urls:
+            raise ConfigError(f"engine {name}: the embedded server was not started")
+        spec = EngineSpec(
+            kind="vllm",
+            base_urls=(embedded_urls[name],),
+            top_k=self.top_k,
+            max_concurrency=self.max_concurrency,
+            request_timeout_s=self.request_timeout_s,
+            name=name,
+        )
+        return [create_engine(spec, 0)]
 
 
 class ReferenceEngineConfig(_EngineCommon):
@@ -210,6 +309,26 @@ class ReferenceEngineConfig(_EngineCommon):
     token_latency_s: float = Field(
         0.0, ge=0, description="Simulated time per generated token of a request, seconds."
     )
+
+    takes_text: ClassVar[bool] = False
+
+    def fingerprint_model(self) -> str | None:
+        return f"reference:{self.vocab_size}:{self.model_seed}:{self.logit_scale}:{self.top_k}"
+
+    def describe(self) -> str:
+        return f"in-process reference model; vocab={self.vocab_size} top_k={self.top_k}"
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        model = ReferenceModel(
+            self.vocab_size,
+            seed=self.model_seed,
+            logit_scale=self.logit_scale,
+            eos_token_id=self.eos_token_id,
+        )
+        engine: Any = ReferenceEngine(model, top_k=self.top_k, name=str(self.name))
+        if self.latency_s or self.token_latency_s:
+            engine = SimulatedLatencyEngine(engine, self.latency_s, self.token_latency_s)
+        return [engine]
 
 
 def _engine_tag(value: Any) -> str | None:
@@ -598,9 +717,9 @@ class JobConfig(_Strict):
             raise ValueError(f"engine names must be unique; repeated: {', '.join(dup)}")
         if self.prompts.token_ids is None:
             for i, e in enumerate(self.engines):
-                if e.kind == "reference":
+                if not e.takes_text:
                     raise ValueError(
-                        f"engines[{i}] (reference) takes token-id prompts: "
+                        f"engines[{i}] ({e.kind}) takes token-id prompts: "
                         "give prompts.token_ids instead of texts/file"
                     )
         return self

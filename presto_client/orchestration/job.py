@@ -277,7 +277,7 @@ async def _run_chains(
             raise ConfigError(f"grader: {exc}") from None
 
         async def add_text(outcome: ChainOutcome) -> None:
-            if outcome.result is not None and engines[outcome.spec.engine].kind != "reference":
+            if outcome.result is not None and engines[outcome.spec.engine].takes_text:
                 replica = engines[outcome.spec.engine].replicas[outcome.replica]
                 outcome.text = await decode(replica, outcome.result.token_ids)
 

@@ -247,9 +247,9 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
         prompts = prompts[: pc.limit]
     if any(p.text is not None for p in prompts):
         for i, e in enumerate(cfg.engines):
-            if e.kind == "reference":
+            if not e.takes_text:
                 raise ConfigError(
-                    f"engines[{i}] (reference) takes token-id prompts, but {pc.file} holds text"
+                    f"engines[{i}] ({e.kind}) takes token-id prompts, but {pc.file} holds text"
                 )
     return prompts
 

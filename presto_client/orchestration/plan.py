@@ -18,18 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from presto_client import defaults
 from presto_client.core.methods import arm_traversal_names
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import (
-    EmbeddedEngineConfig,
-    HttpEngineConfig,
     JobConfig,
     Prompt,
 )
 from presto_client.orchestration.loading import load_prompts
 from presto_client.orchestration.rundir import finished_ok, read_jsonl
-from presto_client.urls import redact_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +117,11 @@ def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]
         del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
     engines: dict[str, Any] = {}
     for e in cfg.engines:
-        model: str | None
-        if isinstance(e, HttpEngineConfig):
-            model = e.model
-        elif isinstance(e, EmbeddedEngineConfig):
-            model = f"{defaults.EMBEDDED_MODEL}:{e.dtype}"
-        else:
-            model = f"reference:{e.vocab_size}:{e.model_seed}:{e.logit_scale}:{e.top_k}"
-        engines[str(e.name)] = {"kind": e.kind, "model": model, "eos_token_id": e.eos_token_id}
+        engines[str(e.name)] = {
+            "kind": e.kind,
+            "model": e.fingerprint_model(),
+            "eos_token_id": e.eos_token_id,
+        }
     return {
         "sampler": sampler,
         "seed": cfg.seed,
@@ -171,17 +164,8 @@ def describe_plan(plan: JobPlan, finished: int = 0) -> str:
     s = cfg.sampler
     lines = [f"job {cfg.name}: {len(plan.chains)} chain(s) -> {plan.output_dir}"]
     for e in cfg.engines:
-        if isinstance(e, HttpEngineConfig):
-            where = ", ".join(redact_url(u) for u in e.urls)
-            extra = f" model={e.model or '(from server)'} logprob_mode={e.logprob_mode}"
-        elif isinstance(e, EmbeddedEngineConfig):
-            where = "embedded CPU server (started by presto)"
-            extra = f" model={defaults.EMBEDDED_MODEL} dtype={e.dtype}"
-        else:
-            where = "in-process reference model"
-            extra = f" vocab={e.vocab_size} top_k={e.top_k}"
         lines.append(
-            f"  engine {e.name} [{e.kind}] {where};{extra} max_concurrency={e.max_concurrency}"
+            f"  engine {e.name} [{e.kind}] {e.describe()} max_concurrency={e.max_concurrency}"
         )
     tau = s.tau if s.tau is not None else 1 / s.alpha
     lines.append(
