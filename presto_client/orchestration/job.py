@@ -43,7 +43,7 @@ from presto_client.orchestration.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.plan import JobPlan, PlannedChain, pending_engines
+from presto_client.orchestration.plan import JobPlan, PlannedChain
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
@@ -327,6 +327,12 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
+
+
+def pending_engines(plan: JobPlan) -> list[str]:
+    """Engines with chains still to run in the plan's run directory (read-only peek)."""
+    done = RunDir(plan.output_dir).finished()
+    return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})
 
 
 def run_job(plan: JobPlan, **kwargs: Any) -> JobResult:

@@ -4,7 +4,8 @@ Seeds are split from the root seed with numpy ``SeedSequence`` by (prompt, chain
 arm of a (prompt, chain) gets the same seed: ``sequential`` and ``crn`` then replay the same
 chain, and speedups compare identical work. Chains are ordered prompt by prompt and chain by
 chain with the arms interleaved (rotating which arm goes first), so machine drift hits all arms
-alike. The fingerprint is what a resumed run must agree on.
+alike. The fingerprint is what a resumed run must agree on. The plan reads no run directory:
+what is finished there is the run directory's answer (:meth:`RunDir.finished`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from presto_client.orchestration.config import (
     Prompt,
 )
 from presto_client.orchestration.loading import load_prompts
-from presto_client.orchestration.rundir import finished_ok, read_jsonl
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,10 +186,3 @@ def describe_plan(plan: JobPlan, finished: int = 0) -> str:
     if finished:
         lines.append(f"  {finished} chain(s) already finished in {plan.output_dir} (resume)")
     return "\n".join(lines)
-
-
-def pending_engines(plan: JobPlan) -> list[str]:
-    """Engines with chains still to run in the plan's output directory (read-only peek)."""
-    path = plan.output_dir / "samples.jsonl"
-    done = finished_ok(read_jsonl(path)) if path.exists() else {}
-    return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})
