@@ -331,7 +331,7 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def pending_engines(plan: JobPlan) -> list[str]:
     """Engines with chains still to run in the plan's run directory (read-only peek)."""
-    done = RunDir(plan.output_dir).finished()
+    done = RunDir(plan.output_dir).finished_chains()
     return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})
 
 

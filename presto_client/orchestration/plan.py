@@ -5,7 +5,7 @@ arm of a (prompt, chain) gets the same seed: ``sequential`` and ``crn`` then rep
 chain, and speedups compare identical work. Chains are ordered prompt by prompt and chain by
 chain with the arms interleaved (rotating which arm goes first), so machine drift hits all arms
 alike. The fingerprint is what a resumed run must agree on. The plan reads no run directory:
-what is finished there is the run directory's answer (:meth:`RunDir.finished`).
+what is finished there is the run directory's answer (:meth:`RunDir.finished_chains`).
 """
 
 from __future__ import annotations

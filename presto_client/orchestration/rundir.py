@@ -231,7 +231,7 @@ class RunDir:
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / METRICS_FILE)
 
-    def finished(self) -> dict[str, dict[str, Any]]:
+    def finished_chains(self) -> dict[str, dict[str, Any]]:
         """The chains finished ok, by chain id (read-only; empty for a directory not yet run)."""
         path = self.path / SAMPLES_FILE
         return finished_ok(read_jsonl(path)) if path.exists() else {}
