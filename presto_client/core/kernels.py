@@ -11,7 +11,7 @@ scores and asks again.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,20 +19,9 @@ import numpy as np
 
 from presto_client.core.engine_protocol import FloatArray, ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.rng import TransitionDraws
-from presto_client.core.settings import SamplerConfig
+from presto_client.core.settings import SamplerConfig, Setting
 from presto_client.core.state import ChainState
 from presto_client.errors import InvalidResponseError
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """A sampler's own setting (beyond :class:`SamplerConfig`'s fields): its one default, how a
-    config value becomes the value the kernel uses (raising ``ValueError`` with the reason), and
-    what it means (the job config's error messages and ``presto validate``)."""
-
-    default: Any
-    parse: Callable[[Any], Any]
-    description: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,11 +220,6 @@ class Kernel:
         self.alpha = config.alpha
         self.tau = config.proposal_temperature
         self.score_spec = ScoreSpec(temperatures=(self.tau,))
-
-    @classmethod
-    def own_settings(cls) -> tuple[str, ...]:
-        """Every setting of this sampler beyond the common ones (fields, then options)."""
-        return (*cls.settings, *cls.options)
 
     def option(self, name: str) -> Any:
         """The value of the option ``name``: the config's, parsed, else its declared default."""
@@ -579,7 +563,7 @@ def sampler_names() -> tuple[str, ...]:
 def sampler_settings(name: str) -> tuple[str, ...]:
     """A registered sampler's own settings (fields, then options); ``()`` if unknown."""
     kernel = SAMPLER_KERNELS.get(name)
-    return () if kernel is None else kernel.own_settings()
+    return () if kernel is None else (*kernel.settings, *kernel.options)
 
 
 def register_sampler(name: str, kernel_cls: type[Kernel]) -> None:
@@ -602,7 +586,7 @@ def register_sampler(name: str, kernel_cls: type[Kernel]) -> None:
 
 
 def unregister_sampler(name: str) -> None:
-    """Remove a sampler registered with :func:`register_sampler` (tests, plugins unloading)."""
+    """Remove a registered sampler (tests, plugins unloading)."""
     SAMPLER_KERNELS.pop(name, None)
 
 

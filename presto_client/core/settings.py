@@ -8,7 +8,7 @@ has beyond these common ones is its kernel's (``Kernel.options``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,17 @@ ROUND_SIZE = 8
 WINDOW = 16
 """``W``: the most proposals a ``stream`` chain keeps in flight (a cap: the engine's budget may
 allow fewer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """A sampler's own setting (beyond the fields of :class:`SamplerConfig`), declared on its
+    kernel: its one default, how a config value becomes the value the kernel uses (raising
+    ``ValueError`` with the reason), and what it means (error messages, ``presto validate``)."""
+
+    default: Any
+    parse: Callable[[Any], Any]
+    description: str = ""
 
 
 @dataclass(frozen=True, slots=True)
