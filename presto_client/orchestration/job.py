@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.core.engine_protocol import Engine
-from presto_client.core.settings import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines import (
@@ -157,13 +156,6 @@ async def _tokenized_prompts(
     return out
 
 
-def sampler_for(plan: JobPlan, eos_token_id: int | None) -> SamplerConfig:
-    try:
-        return plan.config.sampler.to_sampler_config(eos_token_id)
-    except ValueError as exc:
-        raise ConfigError(f"sampler: {exc}") from None
-
-
 def write_summary(run: RunDir, plan: JobPlan) -> dict[str, Any]:
     summary = summarize(
         run.samples(), run.metrics(), job=plan.config.name, engine_order=plan.config.engine_names()
@@ -253,19 +245,18 @@ async def _run_chains(
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
         check_lengths(plan, engines, prompt_ids)
-        samplers = {n: sampler_for(plan, h.eos_token_id) for n, h in engines.items()}
         specs = [
             ChainSpec(
                 chain_id=c.chain_id,
                 arm=c.arm.arm,
                 engine=c.arm.engine,
                 traversal=c.arm.traversal,
-                sampler=samplers[c.arm.engine],
+                sampler=plan.samplers[c.arm.engine],
                 prompt_index=c.prompt_index,
                 chain_index=c.chain_index,
                 seed=c.seed,
                 prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
-                n_pf=cfg.sampler.method_size(c.arm.traversal),
+                n_pf=c.size,
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
             )
             for c in todo

@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from presto_client.core.methods import arm_traversal_names
+from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import (
     JobConfig,
@@ -42,6 +43,9 @@ class PlannedChain:
     prompt_index: int
     chain_index: int
     seed: int
+    size: int | None = None
+    """The method's size parameter (``n_pf`` or ``window``), resolved from the config; not part
+    of the chain's identity (``as_dict``, what run.json records)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +66,8 @@ class JobPlan:
     arms: list[Arm]
     chains: list[PlannedChain]
     fingerprint: dict[str, Any]
+    samplers: dict[str, SamplerConfig] = field(default_factory=dict)
+    """The plain sampler of each engine (its EOS differs), resolved when the plan is made."""
 
     @property
     def output_dir(self) -> Path:
@@ -154,8 +160,21 @@ def make_plan(
             shift = (p.index * cfg.chains_per_prompt + c) % n
             for arm in arms[shift:] + arms[:shift]:
                 cid = f"{arm.arm}/p{p.index:04d}/c{c:03d}"
-                chains.append(PlannedChain(cid, arm, p.index, c, seed))
-    return JobPlan(cfg, plist, arms, chains, job_fingerprint(cfg, plist))
+                size = cfg.sampler.method_size(arm.traversal)
+                chains.append(PlannedChain(cid, arm, p.index, c, seed, size))
+    return JobPlan(cfg, plist, arms, chains, job_fingerprint(cfg, plist), engine_samplers(cfg))
+
+
+def engine_samplers(cfg: JobConfig) -> dict[str, SamplerConfig]:
+    """The plain :class:`SamplerConfig` of each engine: the job's sampler with the engine's EOS
+    (a config error names the sampler's field)."""
+    out: dict[str, SamplerConfig] = {}
+    for e in cfg.engines:
+        try:
+            out[str(e.name)] = cfg.sampler.to_sampler_config(e.resolved_eos_token_id())
+        except ValueError as exc:
+            raise ConfigError(f"sampler: {exc}") from None
+    return out
 
 
 def describe_plan(plan: JobPlan, finished: int = 0) -> str:
