@@ -170,20 +170,12 @@ class Engine(Protocol):
 
 
 @runtime_checkable
-class EngineView(Protocol):
-    """One chain's view of a shared engine (the orchestrator's bounded view, an optional
-    capability): chains whose views share ``shared_engine`` share its speculation budget."""
-
-    @property
-    def shared_engine(self) -> object: ...
-
-
-@runtime_checkable
 class ConcurrencyBounded(Protocol):
     """An engine that serves at most ``max_concurrency`` requests at once (an optional capability).
 
-    The ``stream`` traversal sizes its shared speculation budget from it, so that speculative
-    proposals never take the slots that the chains' head proposals need.
+    A chain run without a speculation budget handed in sizes its own from it
+    (:func:`presto_client.core.runners.chain_budget`), so that speculative proposals never take
+    the slots that the head proposals need.
     """
 
     @property

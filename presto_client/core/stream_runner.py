@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens
 from presto_client.core.kernels import RejectionBound, Verdict
 from presto_client.core.rng import TransitionDraws
-from presto_client.core.runners import ChainResult, RoundCallback, _Runner
-from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.errors import EngineError, InvalidResponseError
@@ -110,7 +110,7 @@ class _InFlight:
         return sum(self.received)
 
 
-class StreamRunner(_Runner):
+class StreamRunner(ChainRunner):
     """PreSTO with a streaming window of ``window`` in-flight proposals (see the module doc)."""
 
     def __init__(

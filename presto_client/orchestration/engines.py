@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,32 +24,26 @@ from presto_client.core.engine_protocol import (
     PrefixCacheMetered,
     Probing,
 )
-from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
+from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.orchestration.config import (
     EmbeddedEngineConfig,
     EngineConfig,
-    HttpEngineConfig,
     JobConfig,
-    ReferenceEngineConfig,
 )
 from presto_client.orchestration.plan import JobPlan
 
 logger = logging.getLogger(__name__)
 
 
-def engine_eos_token_id(e: EngineConfig) -> int | None:
-    """The EOS at which an engine's responses are truncated: the config's, else the embedded
-    engine's own (SmolLM2's ``<|im_end|>``). The one place for every path that opens an engine
-    (started by presto, or handed in through ``engine_overrides``)."""
-    if e.eos_token_id is not None:
-        return e.eos_token_id
-    return defaults.EMBEDDED_EOS_TOKEN_ID if isinstance(e, EmbeddedEngineConfig) else None
-
-
 @dataclass(slots=True)
 class OpenedEngine:
-    """An engine of the job, opened: its replicas and what the orchestration needs to know."""
+    """An engine of the job, opened: its replicas and what the orchestration needs to know.
+
+    It owns the speculation budget of each replica (one server, one cost curve), which every
+    chain on that replica shares: made here, handed to the chains through the orchestrator's
+    :class:`~presto_client.orchestration.orchestrator.EnginePool`.
+    """
 
     name: str
     kind: str
@@ -58,6 +51,24 @@ class OpenedEngine:
     max_concurrency: int
     eos_token_id: int | None = None
     probes: list[Any] = field(default_factory=list)
+    budgets: list[SpeculationBudget] = field(default_factory=list)
+    takes_text: bool = True
+    """Whether the replicas tokenize and detokenize text."""
+
+    @classmethod
+    def of(cls, e: EngineConfig, replicas: Sequence[Any], job_max_concurrency: int) -> OpenedEngine:
+        """``replicas`` of the engine configured as ``e``, each with a budget of its own sized
+        from the bounds its requests run under (the engine's and the job's)."""
+        capacity = min(e.max_concurrency, job_max_concurrency)
+        return cls(
+            str(e.name),
+            e.kind,
+            list(replicas),
+            e.max_concurrency,
+            e.resolved_eos_token_id(),
+            budgets=[SpeculationBudget(capacity) for _ in replicas],
+            takes_text=e.takes_text,
+        )
 
 
 def start_embedded_servers(
@@ -94,18 +105,6 @@ def start_embedded_servers(
     return urls
 
 
-def _api_key(e: HttpEngineConfig, index: int) -> str | None:
-    if e.api_key_env is None:
-        return None
-    key = os.environ.get(e.api_key_env)
-    if not key:
-        raise ConfigError(
-            f"engines[{index}].api_key_env: environment variable {e.api_key_env} is not set; "
-            f"export {e.api_key_env}=... before running"
-        )
-    return key
-
-
 async def open_engines(
     cfg: JobConfig,
     stack: contextlib.AsyncExitStack,
@@ -121,56 +120,11 @@ async def open_engines(
         name = str(e.name)
         if only is not None and name not in only:
             continue
-        if isinstance(e, ReferenceEngineConfig):
-            model = ReferenceModel(
-                e.vocab_size,
-                seed=e.model_seed,
-                logit_scale=e.logit_scale,
-                eos_token_id=e.eos_token_id,
-            )
-            engine: Any = ReferenceEngine(model, top_k=e.top_k, name=name)
-            if e.latency_s or e.token_latency_s:
-                engine = SimulatedLatencyEngine(engine, e.latency_s, e.token_latency_s)
-            opened[name] = OpenedEngine(
-                name, e.kind, [engine], e.max_concurrency, engine_eos_token_id(e)
-            )
-            continue
-        from backends import EngineSpec, create_engine
-
-        if isinstance(e, EmbeddedEngineConfig):
-            if name not in embedded_urls:
-                raise ConfigError(f"engine {name}: the embedded server was not started")
-            spec = EngineSpec(
-                kind="vllm",
-                base_urls=(embedded_urls[name],),
-                top_k=e.top_k,
-                max_concurrency=e.max_concurrency,
-                request_timeout_s=e.request_timeout_s,
-                name=name,
-            )
-            do_probe = e.probe
-        else:
-            spec = EngineSpec(
-                kind=e.kind,
-                base_urls=e.urls,
-                model=e.model,
-                logprob_mode=e.logprob_mode,
-                top_k=e.top_k,
-                max_concurrency=e.max_concurrency,
-                request_timeout_s=e.request_timeout_s,
-                connect_timeout_s=e.connect_timeout_s,
-                max_retries=e.max_retries,
-                restart_window_s=e.restart_window_s,
-                api_key=_api_key(e, index),
-                name=name,
-                vocab_size=e.vocab_size,
-            )
-            do_probe = e.probe
-        replicas = [create_engine(spec, i) for i in range(len(spec.base_urls))]
+        replicas = e.open_replicas(index, embedded_urls)
         for r in replicas:
             stack.push_async_callback(r.aclose)
-        handle = OpenedEngine(name, e.kind, replicas, e.max_concurrency, engine_eos_token_id(e))
-        if probe and do_probe:
+        handle = OpenedEngine.of(e, replicas, cfg.max_concurrency)
+        if probe and e.probes():
             handle.probes = await probe_engine(handle)
         opened[name] = handle
     return opened
@@ -275,3 +229,37 @@ async def engine_identities(engines: Mapping[str, OpenedEngine]) -> dict[str, di
             )
         out[name] = found[0]
     return out
+
+
+def describe_probe(name: str, report: Any) -> list[str]:
+    """A replica's probe report in words (``presto validate --probe``)."""
+    extra = ""
+    if report.seeds_honoured is not None:
+        extra = f", seeds honoured: {report.seeds_honoured}"
+    lines = [
+        f"  {name} {report.base_url}: ok, model {report.model}, "
+        f"logprob mode {report.logprob_mode}{extra}"
+    ]
+    lines.extend(f"    warning: {w}" for w in report.warnings)
+    return lines
+
+
+def probe_job(cfg: JobConfig, plan: JobPlan) -> list[str]:
+    """Open and probe every engine of the job (starting embedded servers), check the context
+    lengths, and describe what answered; blocking (``presto validate --probe``)."""
+
+    async def probe_all(urls: Mapping[str, str]) -> list[str]:
+        lines: list[str] = []
+        async with contextlib.AsyncExitStack() as astack:
+            engines = await open_engines(cfg, astack, embedded_urls=urls, probe=True)
+            check_lengths(plan, engines)
+            for name, handle in engines.items():
+                if not handle.probes:
+                    lines.append(f"  {name}: ok (in-process)")
+                for report in handle.probes:
+                    lines.extend(describe_probe(name, report))
+        return lines
+
+    with contextlib.ExitStack() as stack:
+        urls = start_embedded_servers(cfg, stack)
+        return asyncio.run(probe_all(urls))

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.core.engine_protocol import Engine
-from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines import (
@@ -30,7 +29,6 @@ from presto_client.orchestration.engines import (
     METRICS_TIMEOUT_STOPPING_S,
     OpenedEngine,
     check_lengths,
-    engine_eos_token_id,
     engine_identities,
     open_engines,
     read_prefix_cache_counters,
@@ -46,23 +44,13 @@ from presto_client.orchestration.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.plan import JobPlan, PlannedChain, pending_engines
+from presto_client.orchestration.plan import JobPlan, PlannedChain
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
 from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
 
 logger = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------------
-# The plan (plain data)
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Engines
-# --------------------------------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,13 +158,6 @@ async def _tokenized_prompts(
     return out
 
 
-def sampler_for(plan: JobPlan, eos_token_id: int | None) -> SamplerConfig:
-    try:
-        return plan.config.sampler.to_sampler_config(eos_token_id)
-    except ValueError as exc:
-        raise ConfigError(f"sampler: {exc}") from None
-
-
 def write_summary(run: RunDir, plan: JobPlan) -> dict[str, Any]:
     summary = summarize(
         run.samples(), run.metrics(), job=plan.config.name, engine_order=plan.config.engine_names()
@@ -262,26 +243,23 @@ async def _run_chains(
         for name, replicas in overrides.items():
             if name in used:
                 e = next(x for x in cfg.engines if x.name == name)
-                engines[name] = OpenedEngine(
-                    name, e.kind, list(replicas), e.max_concurrency, engine_eos_token_id(e)
-                )
+                engines[name] = OpenedEngine.of(e, replicas, cfg.max_concurrency)
         run.record_engine_identity(await engine_identities(engines))
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
         check_lengths(plan, engines, prompt_ids)
-        samplers = {n: sampler_for(plan, h.eos_token_id) for n, h in engines.items()}
         specs = [
             ChainSpec(
                 chain_id=c.chain_id,
                 arm=c.arm.arm,
                 engine=c.arm.engine,
                 traversal=c.arm.traversal,
-                sampler=samplers[c.arm.engine],
+                sampler=plan.samplers[c.arm.engine],
                 prompt_index=c.prompt_index,
                 chain_index=c.chain_index,
                 seed=c.seed,
                 prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
-                n_pf=cfg.sampler.window if c.arm.traversal == "stream" else cfg.sampler.n_pf,
+                n_pf=c.size,
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
             )
             for c in todo
@@ -293,12 +271,15 @@ async def _run_chains(
             raise ConfigError(f"grader: {exc}") from None
 
         async def add_text(outcome: ChainOutcome) -> None:
-            if outcome.result is not None and engines[outcome.spec.engine].kind != "reference":
+            if outcome.result is not None and engines[outcome.spec.engine].takes_text:
                 replica = engines[outcome.spec.engine].replicas[outcome.replica]
                 outcome.text = await decode(replica, outcome.result.token_ids)
 
         orchestrator = Orchestrator(
-            {n: EnginePool(n, h.replicas, h.max_concurrency) for n, h in engines.items()},
+            {
+                n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets)
+                for n, h in engines.items()
+            },
             max_concurrency=cfg.max_concurrency,
             max_active_chains=cfg.max_active_chains,
             max_failed_chains=cfg.failure_budget(len(plan.chains)),
@@ -351,6 +332,12 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
+
+
+def pending_engines(plan: JobPlan) -> list[str]:
+    """Engines with chains still to run in the plan's run directory (read-only peek)."""
+    done = RunDir(plan.output_dir).finished_chains()
+    return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})
 
 
 def run_job(plan: JobPlan, **kwargs: Any) -> JobResult:

@@ -243,9 +243,9 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
         prompts = prompts[: pc.limit]
     if any(p.text is not None for p in prompts):
         for i, e in enumerate(cfg.engines):
-            if e.kind == "reference":
+            if not e.takes_text:
                 raise ConfigError(
-                    f"engines[{i}] (reference) takes token-id prompts, but {pc.file} holds text"
+                    f"engines[{i}] ({e.kind}) takes token-id prompts, but {pc.file} holds text"
                 )
     return prompts
 
@@ -269,4 +269,7 @@ def _redact(node: Any, key: str = "") -> Any:
 
 def redacted_dump(cfg: JobConfig) -> dict[str, Any]:
     """The resolved config as plain data with secrets removed (credentials in URLs)."""
-    return typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))
+    data = typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))
+    if not data["sampler"]["options"]:
+        del data["sampler"]["options"]  # (a sampler without options, recorded as it always was)
+    return data

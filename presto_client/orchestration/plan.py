@@ -4,7 +4,8 @@ Seeds are split from the root seed with numpy ``SeedSequence`` by (prompt, chain
 arm of a (prompt, chain) gets the same seed: ``sequential`` and ``crn`` then replay the same
 chain, and speedups compare identical work. Chains are ordered prompt by prompt and chain by
 chain with the arms interleaved (rotating which arm goes first), so machine drift hits all arms
-alike. The fingerprint is what a resumed run must agree on.
+alike. The fingerprint is what a resumed run must agree on. The plan reads no run directory:
+what is finished there is the run directory's answer (:meth:`RunDir.finished_chains`).
 """
 
 from __future__ import annotations
@@ -12,24 +13,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from presto_client import defaults
-from presto_client.core.sampler_config import arm_traversal_names
+from presto_client.core.methods import arm_traversal_names
+from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import (
-    EmbeddedEngineConfig,
-    HttpEngineConfig,
     JobConfig,
     Prompt,
 )
 from presto_client.orchestration.loading import load_prompts
-from presto_client.orchestration.rundir import finished_ok, read_jsonl
-from presto_client.urls import redact_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +43,9 @@ class PlannedChain:
     prompt_index: int
     chain_index: int
     seed: int
+    size: int | None = None
+    """The method's size parameter (``n_pf`` or ``window``), resolved from the config; not part
+    of the chain's identity (``as_dict``, what run.json records)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +66,8 @@ class JobPlan:
     arms: list[Arm]
     chains: list[PlannedChain]
     fingerprint: dict[str, Any]
+    samplers: dict[str, SamplerConfig] = field(default_factory=dict)
+    """The plain sampler of each engine (its EOS differs), resolved when the plan is made."""
 
     @property
     def output_dir(self) -> Path:
@@ -117,16 +119,15 @@ def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]
     there must keep its kind and model.
     """
     sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals"})
+    if not sampler["options"]:
+        del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
     engines: dict[str, Any] = {}
     for e in cfg.engines:
-        model: str | None
-        if isinstance(e, HttpEngineConfig):
-            model = e.model
-        elif isinstance(e, EmbeddedEngineConfig):
-            model = f"{defaults.EMBEDDED_MODEL}:{e.dtype}"
-        else:
-            model = f"reference:{e.vocab_size}:{e.model_seed}:{e.logit_scale}:{e.top_k}"
-        engines[str(e.name)] = {"kind": e.kind, "model": model, "eos_token_id": e.eos_token_id}
+        engines[str(e.name)] = {
+            "kind": e.kind,
+            "model": e.fingerprint_model(),
+            "eos_token_id": e.eos_token_id,
+        }
     return {
         "sampler": sampler,
         "seed": cfg.seed,
@@ -159,8 +160,21 @@ def make_plan(
             shift = (p.index * cfg.chains_per_prompt + c) % n
             for arm in arms[shift:] + arms[:shift]:
                 cid = f"{arm.arm}/p{p.index:04d}/c{c:03d}"
-                chains.append(PlannedChain(cid, arm, p.index, c, seed))
-    return JobPlan(cfg, plist, arms, chains, job_fingerprint(cfg, plist))
+                size = cfg.sampler.method_size(arm.traversal)
+                chains.append(PlannedChain(cid, arm, p.index, c, seed, size))
+    return JobPlan(cfg, plist, arms, chains, job_fingerprint(cfg, plist), engine_samplers(cfg))
+
+
+def engine_samplers(cfg: JobConfig) -> dict[str, SamplerConfig]:
+    """The plain :class:`SamplerConfig` of each engine: the job's sampler with the engine's EOS
+    (a config error names the sampler's field)."""
+    out: dict[str, SamplerConfig] = {}
+    for e in cfg.engines:
+        try:
+            out[str(e.name)] = cfg.sampler.to_sampler_config(e.resolved_eos_token_id())
+        except ValueError as exc:
+            raise ConfigError(f"sampler: {exc}") from None
+    return out
 
 
 def describe_plan(plan: JobPlan, finished: int = 0) -> str:
@@ -169,17 +183,8 @@ def describe_plan(plan: JobPlan, finished: int = 0) -> str:
     s = cfg.sampler
     lines = [f"job {cfg.name}: {len(plan.chains)} chain(s) -> {plan.output_dir}"]
     for e in cfg.engines:
-        if isinstance(e, HttpEngineConfig):
-            where = ", ".join(redact_url(u) for u in e.urls)
-            extra = f" model={e.model or '(from server)'} logprob_mode={e.logprob_mode}"
-        elif isinstance(e, EmbeddedEngineConfig):
-            where = "embedded CPU server (started by presto)"
-            extra = f" model={defaults.EMBEDDED_MODEL} dtype={e.dtype}"
-        else:
-            where = "in-process reference model"
-            extra = f" vocab={e.vocab_size} top_k={e.top_k}"
         lines.append(
-            f"  engine {e.name} [{e.kind}] {where};{extra} max_concurrency={e.max_concurrency}"
+            f"  engine {e.name} [{e.kind}] {e.describe()} max_concurrency={e.max_concurrency}"
         )
     tau = s.tau if s.tau is not None else 1 / s.alpha
     lines.append(
@@ -200,10 +205,3 @@ def describe_plan(plan: JobPlan, finished: int = 0) -> str:
     if finished:
         lines.append(f"  {finished} chain(s) already finished in {plan.output_dir} (resume)")
     return "\n".join(lines)
-
-
-def pending_engines(plan: JobPlan) -> list[str]:
-    """Engines with chains still to run in the plan's output directory (read-only peek)."""
-    path = plan.output_dir / "samples.jsonl"
-    done = finished_ok(read_jsonl(path)) if path.exists() else {}
-    return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})

@@ -308,6 +308,11 @@ class RunDir:
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / METRICS_FILE)
 
+    def finished_chains(self) -> dict[str, dict[str, Any]]:
+        """The chains finished ok, by chain id (read-only; empty for a directory not yet run)."""
+        path = self.path / SAMPLES_FILE
+        return finished_ok(read_jsonl(path)) if path.exists() else {}
+
     def resolved_config(self) -> dict[str, Any]:
         try:
             data = yaml.safe_load((self.path / CONFIG_FILE).read_text(encoding="utf-8"))

@@ -24,13 +24,12 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from presto_client.core.sampler_config import BASELINE_TRAVERSALS, TRAVERSALS
+from presto_client.core.methods import METHODS, SEQUENTIAL, replaying_names, traversal_names
 from presto_client.orchestration.rundir import RunDir, latest_by_chain
 
 logger = logging.getLogger(__name__)
 
-BASELINE = "sequential"
-REPLAYING = ("crn", "stream")
+BASELINE = SEQUENTIAL
 """Traversals that use the transition-keyed draws, so replay the baseline's chain exactly."""
 
 _SUM_KEYS = (
@@ -177,7 +176,8 @@ def _arm_sort_key(arm: Mapping[str, Any], engine_order: Sequence[str]) -> tuple[
     engine = str(arm.get("engine", ""))
     traversal = str(arm.get("traversal", ""))
     e = engine_order.index(engine) if engine in engine_order else len(engine_order)
-    t = TRAVERSALS.index(traversal) if traversal in TRAVERSALS else len(TRAVERSALS)
+    order = traversal_names()  # (baselines after, by name)
+    t = order.index(traversal) if traversal in order else len(order)
     return (e, t, str(arm.get("arm")))
 
 
@@ -192,6 +192,17 @@ def prefix_cache_delta(
     if queries < 0 or hits < 0:
         return None
     return {"queries": queries, "hits": min(hits, queries)}
+
+
+def _sizeless(traversal: str, baseline: str) -> bool:
+    """Whether an arm's method takes no size parameter (its ``n_pf`` means nothing)."""
+    method = METHODS.get(traversal)
+    return traversal == baseline or (method is not None and method.size == "none")
+
+
+def replays(traversal: str) -> bool:
+    """Whether ``traversal`` replays the sequential chain (the registry's word)."""
+    return traversal in replaying_names()
 
 
 def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
@@ -301,7 +312,7 @@ def summarize(
             "engine": engine,
             "sampler": first.get("sampler"),
             "traversal": traversal,
-            "n_pf": None if traversal in (baseline, *BASELINE_TRAVERSALS) else first.get("n_pf"),
+            "n_pf": None if _sizeless(traversal, baseline) else first.get("n_pf"),
             "chains_ok": len(ok),
             "chains_failed": sum(1 for r in rows if r.get("status") != "ok"),
             "calls": int(rounds),

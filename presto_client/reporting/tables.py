@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, REPLAYING
+from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, replays
 
 
 def _fmt(value: Any, kind: str = "") -> str:
@@ -32,8 +33,9 @@ def _speedup_cell(arm: Mapping[str, Any]) -> str:
 
 
 def _same_cell(arm: Mapping[str, Any]) -> str:
-    # Only crn and stream replay the baseline's chain (same draws); the trees are exact in law only.
-    if arm.get("identical_to_baseline") is None or arm.get("traversal") not in REPLAYING:
+    # Only the replaying methods (crn, stream) run the baseline's chain; the trees are exact in law
+    # only.
+    if arm.get("identical_to_baseline") is None or not replays(str(arm.get("traversal"))):
         return "-"
     return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
 
@@ -328,3 +330,27 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
             ]
         )
     return render_table(header, rows)
+
+
+def runs_table_rows(path: Path, summary: Mapping[str, Any]) -> list[list[str]]:
+    """One run's arms as rows of :func:`format_runs_table` (``presto report`` of several runs)."""
+    rows = []
+    for arm in summary["arms"]:
+        med = arm.get("speedup_median")
+        tpc = arm.get("transitions_per_call")
+        rows.append(
+            [
+                str(path),
+                str(arm["arm"]),
+                str(arm["chains_ok"]),
+                "-" if tpc is None else f"{tpc:.2f}",
+                f"{arm['model_call_time_s']:.2f}",
+                "-" if med is None else f"{med:.2f}x",
+            ]
+        )
+    return rows
+
+
+def format_runs_table(rows: Sequence[Sequence[str]]) -> str:
+    """The arms of several runs side by side."""
+    return render_table(["run", "arm", "chains", "trans/call", "model time s", "speedup"], rows)

@@ -1,0 +1,347 @@
+"""The engines of a job config: one pydantic class per kind of engine.
+
+Each class knows how to open its replicas (:meth:`open_replicas`), describe itself
+(:meth:`describe`), name what it serves in a run's fingerprint (:meth:`fingerprint_model`), and
+whether it takes text prompts (:attr:`takes_text`), so nothing else switches on engine kinds.
+HTTP kinds are the backends' registry (:mod:`backends.registry`), never restated here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Union
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from backends.registry import BUILTIN_BACKENDS, available_backends, create_engine
+from backends.spec import EngineSpec
+from presto_client import defaults
+from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
+from presto_client.errors import ConfigError
+from presto_client.urls import redact_url, split_userinfo
+
+LOCAL_KINDS: tuple[str, ...] = ("embedded", "reference")
+"""Engine kinds that are not HTTP backends: the embedded CPU server and the reference model."""
+
+
+def http_kinds() -> tuple[str, ...]:
+    """The HTTP engine kinds: the backends' registry (built-ins first, then registered ones and
+    the entry points of ``presto_client.backends``), never restated here."""
+    names = [k for k in available_backends() if k not in LOCAL_KINDS]
+    return (
+        *[k for k in BUILTIN_BACKENDS if k in names],
+        *[k for k in names if k not in BUILTIN_BACKENDS],
+    )
+
+
+def engine_kinds() -> tuple[str, ...]:
+    """Every valid ``kind`` of an engine in a job config."""
+    return (*http_kinds(), *LOCAL_KINDS)
+
+
+class StrictModel(BaseModel):
+    """A config model: unknown fields are errors, defaults are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Engines
+# --------------------------------------------------------------------------------------------
+
+
+class _EngineCommon(StrictModel):
+    name: str | None = Field(
+        None,
+        description="Display name of the engine, used in arm ids and tables; unique per job. "
+        "Default: the kind (with an index if the kind appears twice).",
+    )
+    max_concurrency: int = Field(
+        defaults.ENGINE_MAX_CONCURRENCY,
+        ge=1,
+        description="Most requests in flight to this engine (all replicas together).",
+    )
+    eos_token_id: int | None = Field(
+        None,
+        description="Token id at which final responses are truncated; null: no truncation "
+        "(the embedded engine knows its own).",
+    )
+
+    #: Whether the engine tokenizes text prompts (and detokenizes responses) itself.
+    takes_text: ClassVar[bool] = True
+    #: The EOS of an engine whose model is known (the embedded one), used when none is given.
+    known_eos_token_id: ClassVar[int | None] = None
+
+    def resolved_eos_token_id(self) -> int | None:
+        """The EOS at which the engine's responses are truncated: the config's, else the
+        engine's own."""
+        return self.eos_token_id if self.eos_token_id is not None else self.known_eos_token_id
+
+    def fingerprint_model(self) -> str | None:
+        """What the engine serves, as a run directory's fingerprint records it."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Where the engine is and what it serves, in words (``presto validate``)."""
+        raise NotImplementedError
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        """The engine's replicas, ready to use (``index``: its place in ``engines:``, for
+        error messages); their owner closes them."""
+        raise NotImplementedError
+
+    def probes(self) -> bool:
+        """Whether the replicas are probed before the job (a served engine)."""
+        return False
+
+
+class HttpEngineConfig(_EngineCommon):
+    """A running vLLM / SGLang / OpenAI-compatible server (one or several replicas)."""
+
+    kind: str = Field(
+        description="Serving dialect, a registered backend: 'vllm' (/v1/completions), 'sglang' "
+        "(native /generate), 'openai' (any OpenAI-compatible completions server), or a "
+        "third-party backend (backends.register_backend, entry points presto_client.backends)."
+    )
+    base_url: str | None = Field(
+        None, description="URL of the server, e.g. http://localhost:8000 (or use base_urls)."
+    )
+    base_urls: list[str] | None = Field(
+        None,
+        description="Several data-parallel replicas (or routers); a chain sticks to one of them "
+        "so that the replica's prefix cache serves it.",
+    )
+    model: str | None = Field(
+        None, description="Served model name; null: discovered from the server (/v1/models)."
+    )
+    logprob_mode: str = Field(
+        "auto",
+        description="What the server's logprobs mean. vllm: 'raw' | 'processed'; sglang: "
+        "'scaled' | 'raw'; openai: 'raw'; 'auto': the dialect's default.",
+    )
+    top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
+    request_timeout_s: float = Field(
+        defaults.REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
+    )
+    connect_timeout_s: float = Field(
+        defaults.CONNECT_TIMEOUT_S, gt=0, description="Connect timeout, seconds."
+    )
+    max_retries: int = Field(
+        defaults.MAX_RETRIES,
+        ge=0,
+        description="Retries of a request on timeouts and HTTP 408/429/500.",
+    )
+    restart_window_s: float = Field(
+        defaults.RESTART_WINDOW_S,
+        ge=0,
+        description="Seconds (of backoff) over which a request retries what a restarting server "
+        "answers: refused or reset connections and HTTP 502/503/504. A 4xx is never retried.",
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Name of the environment variable holding the API key, sent as a Bearer "
+        "token (the key itself is never written in a config or a run directory). A base_url "
+        "with user:password@ is sent as HTTP Basic auth instead; giving both is an error.",
+    )
+    vocab_size: int | None = Field(
+        None, ge=2, description="Vocabulary size; needed only for temperatures above 1."
+    )
+    probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        if kind not in http_kinds():
+            raise ValueError(
+                f"unknown engine kind {kind!r}; valid kinds are: {', '.join(engine_kinds())}"
+            )
+        return kind
+
+    @model_validator(mode="after")
+    def _one_url(self) -> HttpEngineConfig:
+        if self.base_url and self.base_urls:
+            raise ValueError("give base_url or base_urls, not both")
+        if not self.base_url and not self.base_urls:
+            raise ValueError(
+                "base_url is required: the server's URL, e.g. base_url: http://localhost:8000"
+            )
+        for url in self.urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(
+                    f"{redact_url(url)!r} is not an http(s) URL, e.g. http://localhost:8000"
+                )
+            if self.api_key_env and split_userinfo(url)[1] is not None:
+                raise ValueError(
+                    f"{redact_url(url)} carries user:password@ and api_key_env is set too: give "
+                    "one credential, not both (the URL's is sent as HTTP Basic auth, the key of "
+                    "api_key_env as a Bearer token)"
+                )
+        return self
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        if self.base_urls:
+            return tuple(self.base_urls)
+        return (self.base_url,) if self.base_url else ()
+
+    def fingerprint_model(self) -> str | None:
+        return self.model
+
+    def describe(self) -> str:
+        where = ", ".join(redact_url(u) for u in self.urls)
+        return f"{where}; model={self.model or '(from server)'} logprob_mode={self.logprob_mode}"
+
+    def probes(self) -> bool:
+        return self.probe
+
+    def _api_key(self, index: int) -> str | None:
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"engines[{index}].api_key_env: environment variable {self.api_key_env} is not "
+                f"set; export {self.api_key_env}=... before running"
+            )
+        return key
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        spec = EngineSpec(
+            kind=self.kind,
+            base_urls=self.urls,
+            model=self.model,
+            logprob_mode=self.logprob_mode,
+            top_k=self.top_k,
+            max_concurrency=self.max_concurrency,
+            request_timeout_s=self.request_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            max_retries=self.max_retries,
+            restart_window_s=self.restart_window_s,
+            api_key=self._api_key(index),
+            name=str(self.name),
+            vocab_size=self.vocab_size,
+        )
+        return [create_engine(spec, i) for i in range(len(spec.base_urls))]
+
+
+class EmbeddedEngineConfig(_EngineCommon):
+    """The embedded CPU server (SmolLM2-135M, vLLM dialect on loopback), started by presto."""
+
+    kind: Literal["embedded"] = Field(description="The embedded CPU engine ('embedded').")
+    port: int | None = Field(None, ge=1, le=65535, description="Port; null: a free one.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Model dtype; float32 keeps scores batch-invariant."
+    )
+    startup_timeout_s: float = Field(
+        defaults.EMBEDDED_STARTUP_TIMEOUT_S, gt=0, description="How long to wait for start-up."
+    )
+    top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
+    request_timeout_s: float = Field(
+        defaults.EMBEDDED_REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
+    )
+    probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
+
+    known_eos_token_id: ClassVar[int | None] = defaults.EMBEDDED_EOS_TOKEN_ID
+
+    def fingerprint_model(self) -> str | None:
+        return f"{defaults.EMBEDDED_MODEL}:{self.dtype}"
+
+    def describe(self) -> str:
+        return (
+            f"embedded CPU server (started by presto); model={defaults.EMBEDDED_MODEL} "
+            f"dtype={self.dtype}"
+        )
+
+    def probes(self) -> bool:
+        return self.probe
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        name = str(self.name)
+        if name not in embedded_urls:
+            raise ConfigError(f"engine {name}: the embedded server was not started")
+        spec = EngineSpec(
+            kind="vllm",
+            base_urls=(embedded_urls[name],),
+            top_k=self.top_k,
+            max_concurrency=self.max_concurrency,
+            request_timeout_s=self.request_timeout_s,
+            name=name,
+        )
+        return [create_engine(spec, 0)]
+
+
+class ReferenceEngineConfig(_EngineCommon):
+    """The exact in-process reference model: no server, runs in seconds (tests, demos)."""
+
+    kind: Literal["reference"] = Field(description="The in-process reference model.")
+    vocab_size: int = Field(8, ge=2, description="Vocabulary size of the toy model.")
+    model_seed: int = Field(0, ge=0, description="Seed of the toy model's logits.")
+    logit_scale: float = Field(1.5, gt=0, description="Spread of the toy model's logits.")
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Return only top-K raw logprobs (certified intervals, like an HTTP engine); "
+        "null: exact scores.",
+    )
+    latency_s: float = Field(
+        0.0, ge=0, description="Simulated latency of every request, seconds (for demos)."
+    )
+    token_latency_s: float = Field(
+        0.0, ge=0, description="Simulated time per generated token of a request, seconds."
+    )
+
+    takes_text: ClassVar[bool] = False
+
+    def fingerprint_model(self) -> str | None:
+        return f"reference:{self.vocab_size}:{self.model_seed}:{self.logit_scale}:{self.top_k}"
+
+    def describe(self) -> str:
+        return f"in-process reference model; vocab={self.vocab_size} top_k={self.top_k}"
+
+    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+        model = ReferenceModel(
+            self.vocab_size,
+            seed=self.model_seed,
+            logit_scale=self.logit_scale,
+            eos_token_id=self.eos_token_id,
+        )
+        engine: Any = ReferenceEngine(model, top_k=self.top_k, name=str(self.name))
+        if self.latency_s or self.token_latency_s:
+            engine = SimulatedLatencyEngine(engine, self.latency_s, self.token_latency_s)
+        return [engine]
+
+
+def _engine_tag(value: Any) -> str | None:
+    """Which config class an engine entry is: its local kind, or ``http`` for any other kind
+    (checked against the backends' registry by :class:`HttpEngineConfig`)."""
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    if kind is None:
+        return None
+    return kind if kind in LOCAL_KINDS else "http"
+
+
+ENGINE_TAGS: dict[str, type[BaseModel]] = {
+    "http": HttpEngineConfig,
+    "embedded": EmbeddedEngineConfig,
+    "reference": ReferenceEngineConfig,
+}
+
+EngineConfig = Annotated[
+    Union[  # noqa: UP007
+        Annotated[HttpEngineConfig, Tag("http")],
+        Annotated[EmbeddedEngineConfig, Tag("embedded")],
+        Annotated[ReferenceEngineConfig, Tag("reference")],
+    ],
+    Discriminator(_engine_tag),
+]
