@@ -127,7 +127,7 @@ def test_every_third_party_import_is_declared() -> None:
     core, extras = _declared()
     in_any_extra = set().union(*extras.values())
     found = _third_party_imports()
-    assert {imp.name for imp in found} >= {"numpy", "httpx", "pydantic"}
+    assert {imp.name for imp in found} >= {"numpy", "aiohttp", "pydantic"}
     bad: list[str] = []
     for imp in found:
         dists = _distributions(imp.name)

@@ -34,6 +34,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "presto_client.core",
         "=backends",
         "backends.registry",
+        "backends.spec",
         *LEAVES,
     ),
     "presto_client/reporting": (
@@ -41,6 +42,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "presto_client.orchestration.summary",
         "presto_client.orchestration.rundir",
         "presto_client.orchestration.plan",
+        "presto_client.orchestration.config",
+        "presto_client.orchestration.loading",
         *LEAVES,
     ),
     "presto_client/embedded": ("presto_client.embedded", *LEAVES),
@@ -58,10 +61,6 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
         "presto_client/orchestration/engines.py",
         "presto_client.embedded.launch",
     ): "opening a job's engines starts the embedded server when no server is configured",
-    (
-        "presto_client/reporting/compare.py",
-        "presto_client.orchestration.config",
-    ): "`presto compare` reads the two runs' job configs",
 }
 
 
