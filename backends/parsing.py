@@ -158,7 +158,7 @@ def logprob_array(values: Sequence[Any]) -> FloatArray | None:
     if arr.ndim != 1 or arr.dtype.kind not in "fi":
         return None  # None (missing), strings, bools only, nested lists
     arr = arr.astype(np.float64, copy=False)
-    # One reduction each for the common case (issue 8): the largest value catches NaN (max
+    # One reduction each for the common case: the largest value catches NaN (max
     # propagates it) and positives; the smallest says whether a sentinel is there at all.
     top = arr.max()
     if not top <= 1e-3:

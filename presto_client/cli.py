@@ -232,7 +232,7 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
     progress.addHandler(note)
     progress.propagate = False
     progress.setLevel(logging.ERROR if quiet else logging.INFO)
-    for noisy in ("httpx", "httpcore", "matplotlib", "PIL"):
+    for noisy in ("matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 

@@ -1,4 +1,4 @@
-"""presto-client as an lm-evaluation-harness model (issue 11; extra ``eval``).
+"""presto-client as an lm-evaluation-harness model (extra ``eval``).
 
 ``lm_eval --model presto --model_args config=JOB.yaml[,traversal=crn][,output_dir=DIR] --tasks
 ...`` runs every ``generate_until`` request of the tasks as one job of the configured engine and

@@ -1,4 +1,4 @@
-"""Graders: is a finished chain's answer right (issue 11)?
+"""Graders: is a finished chain's answer right?
 
 A grader is a pure function ``(completion text, reference answer) -> Grade``. The built-in ones:
 

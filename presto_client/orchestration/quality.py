@@ -1,4 +1,4 @@
-"""Answer quality per arm (issue 11): grading finished chains and summarising the grades.
+"""Answer quality per arm: grading finished chains and summarising the grades.
 
 A chain is graded once, when it finishes (:class:`ChainGrader`, used by the job's sink); its
 ``grade`` (``correct``, ``extracted``) is stored in its samples.jsonl line, so a resumed run never

@@ -359,7 +359,7 @@ def summarize(
             for metric, pairs in pooled_pairs.items()
         },
     }
-    # Graded runs only (issue 11): summaries of ungraded runs are unchanged.
+    # Graded runs only: summaries of ungraded runs are unchanged.
     from presto_client.orchestration.quality import quality_summary
 
     quality = quality_summary(latest.values(), baseline=baseline)

@@ -104,7 +104,7 @@ def format_comparison(
         parts.append(per_prompt)
     shown = [str(a["arm"]) for a in summary.get("arms", [])]
     quality = {a: q for a, q in (summary.get("quality") or {}).items() if a in shown}
-    if quality:  # graded runs (issue 11)
+    if quality:  # graded runs only
         from presto_client.reporting.tables import format_quality_table
 
         parts.append("Answer quality (graded):\n" + format_quality_table(quality, shown))

@@ -178,7 +178,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         path = out / "speedup_per_prompt.png"
         written.append(_save(plt, fig, path))
     quality = summary.get("quality")
-    if quality:  # graded runs (issue 11)
+    if quality:  # graded runs only
         written.append(
             plot_accuracy_vs_cost(plt, quality, arms, color, out / "accuracy_vs_cost.png")
         )
