@@ -23,23 +23,45 @@ finished is re-planned), or whose finished chains ran on an engine that now serv
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import logging
 import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
 from presto_client.errors import ConfigError, PrestoError
+from presto_client.orchestration.run_files import (
+    AppendFile,
+    RunDirWriteError,
+    atomic_write_text,
+    dumps,
+    finished_ok,
+    iter_chain_records,
+    json_default,
+    latest_by_chain,
+    read_jsonl,
+    rows_to_csv,
+)
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RunDir",
+    "RunDirWriteError",
+    "atomic_write_text",
+    "check_output_dir",
+    "finished_ok",
+    "iter_chain_records",
+    "latest_by_chain",
+    "read_jsonl",
+    "rows_to_csv",
+]
 
 CONFIG_FILE = "config.resolved.yaml"
 RUN_FILE = "run.json"
@@ -53,22 +75,6 @@ ENGINE_IDENTITY = "engine_identity"
 FORMAT_VERSION = 1
 SAMPLES_FSYNC_S = 1.0
 """At most one fsync of samples.jsonl per this many seconds (and one at close)."""
-
-
-class RunDirWriteError(ConfigError):
-    """A file of the run directory could not be written (disk full, quota, I/O error).
-
-    A local error, not a chain's: the job stops, nothing is counted as failed, and a rerun
-    after the cause is fixed resumes. A :class:`ConfigError`, so the exit status is 2.
-    """
-
-
-def _write_error(path: Path, exc: OSError) -> RunDirWriteError:
-    reason = (exc.strerror or str(exc)).lower()
-    return RunDirWriteError(
-        f"cannot write {path}: {reason}; free some space (or fix the cause) and rerun the same "
-        "command to resume"
-    )
 
 
 def fingerprint_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -145,127 +151,13 @@ def _ours(name: str) -> bool:
     return name == LOCK_FILE or bool(_TMP_NAME.fullmatch(name))
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise _write_error(path, exc) from None
-
-
-_warned: set[tuple[str, int, int, int]] = set()
-"""(file, size, mtime, line) of the bad lines already warned about: a session reads a file
-several times (resume check, resume, summary), and one warning per line is enough."""
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file; a truncated or corrupt line is skipped with a warning
-    (once per line and version of the file)."""
-    if not path.exists():
-        return []
-    rows: list[dict[str, Any]] = []
-    with path.open("r", encoding="utf-8", errors="replace") as fh:
-        st = os.fstat(fh.fileno())
-        lines = fh.read().split("\n")
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            key = (str(path.resolve()), st.st_size, st.st_mtime_ns, lineno)
-            if key in _warned:
-                continue
-            _warned.add(key)
-            last = lineno >= len(lines) - 1
-            logger.warning(
-                "%s:%d: skipping %s line", path, lineno, "a truncated last" if last else "a corrupt"
-            )
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-class _AppendFile:
-    """A JSONL file appended one whole line at a time: a line that cannot be written in full
-    (disk full) is cut off again, so the file never keeps a torn line."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise _write_error(path, exc) from None
-        self._size = os.fstat(self._fd).st_size
-
-    def write(self, text: str) -> None:
-        raw = text.encode("utf-8")
-        data = memoryview(raw)
-        try:
-            while data:
-                data = data[os.write(self._fd, data) :]
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._size)  # (needs no space)
-            raise _write_error(self.path, exc) from None
-        self._size += len(raw)
-
-    def fsync(self) -> None:
-        try:
-            os.fsync(self._fd)
-        except OSError as exc:
-            raise _write_error(self.path, exc) from None
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-def _dumps(row: Mapping[str, Any]) -> str:
-    return json.dumps(row, separators=(",", ":"), allow_nan=False, default=_json_default)
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy scalars
-        return obj.item()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
-
-
-def latest_by_chain(samples: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The last sample line of every chain id."""
-    out: dict[str, dict[str, Any]] = {}
-    for row in samples:
-        cid = row.get("chain_id")
-        if isinstance(cid, str):
-            out[cid] = dict(row)
-    return out
-
-
-def finished_ok(samples: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The chains whose last sample line says they finished without error."""
-    return {cid: row for cid, row in latest_by_chain(samples).items() if row.get("status") == "ok"}
-
-
 class RunDir:
     """One run directory, opened for a session of a job (or read by ``presto report``)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._records: _AppendFile | None = None
-        self._samples: _AppendFile | None = None
+        self._records: AppendFile | None = None
+        self._samples: AppendFile | None = None
         self._samples_synced = float("-inf")
         self.finished: dict[str, dict[str, Any]] = {}
         self.session = 0
@@ -414,12 +306,12 @@ class RunDir:
             sessions=sessions,
             chains=list(known.values()),
         )
-        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default))
+        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=json_default))
         atomic_write_text(
             self.path / CONFIG_FILE, yaml.safe_dump(dict(resolved_config), sort_keys=False)
         )
-        self._records = _AppendFile(self.path / RECORDS_FILE)
-        self._samples = _AppendFile(self.path / SAMPLES_FILE)
+        self._records = AppendFile(self.path / RECORDS_FILE)
+        self._samples = AppendFile(self.path / SAMPLES_FILE)
         return self.finished
 
     def _remove_stale_temporaries(self) -> None:
@@ -463,8 +355,8 @@ class RunDir:
         finished = finished_ok(read_jsonl(samples_path))
         records = [r for r in read_jsonl(records_path) if r.get("chain_id") in finished]
         dropped = len(latest_by_chain(read_jsonl(samples_path))) - len(finished)
-        atomic_write_text(samples_path, "".join(_dumps(r) + "\n" for r in finished.values()))
-        atomic_write_text(records_path, "".join(_dumps(r) + "\n" for r in records))
+        atomic_write_text(samples_path, "".join(dumps(r) + "\n" for r in finished.values()))
+        atomic_write_text(records_path, "".join(dumps(r) + "\n" for r in records))
         logger.info(
             "resuming %s: %d chain(s) finished, %d failed chain(s) to retry",
             self.path,
@@ -504,7 +396,7 @@ class RunDir:
                 "choose another --output"
             )
         info[ENGINE_IDENTITY] = stored
-        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default))
+        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=json_default))
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -523,7 +415,7 @@ class RunDir:
             raise RuntimeError("run directory not opened")
         self._writing()
         try:
-            self._records.write(_dumps(row) + "\n")
+            self._records.write(dumps(row) + "\n")
         except RunDirWriteError as exc:
             raise self._failed(exc) from None
 
@@ -538,7 +430,7 @@ class RunDir:
             raise RuntimeError("run directory not opened")
         self._writing()
         try:
-            self._samples.write(_dumps(row) + "\n")
+            self._samples.write(dumps(row) + "\n")
             now = time.monotonic()
             if now - self._samples_synced >= SAMPLES_FSYNC_S:
                 self._samples.fsync()
@@ -549,9 +441,9 @@ class RunDir:
     def append_metrics(self, row: Mapping[str, Any]) -> None:
         self._writing()
         try:
-            fh = _AppendFile(self.path / METRICS_FILE)
+            fh = AppendFile(self.path / METRICS_FILE)
             try:
-                fh.write(_dumps({"session": self.session, **row}) + "\n")
+                fh.write(dumps({"session": self.session, **row}) + "\n")
             finally:
                 fh.close()
         except RunDirWriteError as exc:
@@ -563,7 +455,7 @@ class RunDir:
         try:
             atomic_write_text(
                 self.path / SUMMARY_JSON,
-                json.dumps(summary, indent=1, default=_json_default, allow_nan=False) + "\n",
+                json.dumps(summary, indent=1, default=json_default, allow_nan=False) + "\n",
             )
             atomic_write_text(self.path / SUMMARY_CSV, rows_to_csv(rows))
         except RunDirWriteError as exc:
@@ -592,7 +484,7 @@ class RunDir:
                     sessions[-1]["finished"] = time.time()
                     sessions[-1]["completed"] = completed
                 atomic_write_text(
-                    self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default)
+                    self.path / RUN_FILE, json.dumps(info, indent=1, default=json_default)
                 )
             except PrestoError as exc:  # never mask the error that closes a session
                 logger.warning("could not update %s: %s", self.path / RUN_FILE, exc)
@@ -618,30 +510,3 @@ class RunDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    columns: list[str] = []
-    for row in rows:
-        for key in row:
-            if key not in columns:
-                columns.append(key)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
-    return buf.getvalue()
-
-
-def iter_chain_records(
-    records: Iterable[Mapping[str, Any]], chain_ids: set[str] | None = None
-) -> Iterator[tuple[str, list[Mapping[str, Any]]]]:
-    """Records grouped by chain id (in file order), optionally only for ``chain_ids``."""
-    grouped: dict[str, list[Mapping[str, Any]]] = {}
-    for r in records:
-        cid = r.get("chain_id")
-        if not isinstance(cid, str) or (chain_ids is not None and cid not in chain_ids):
-            continue
-        grouped.setdefault(cid, []).append(r)
-    yield from grouped.items()
