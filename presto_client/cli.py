@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError, PrestoError
 from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
+from presto_client.terminal_text import server_text
 from presto_client.urls import redact_text
 
 logger = logging.getLogger("presto_client.cli")
@@ -620,7 +621,7 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
                         if report.seeds_honoured is not None:
                             extra = f", seeds honoured: {report.seeds_honoured}"
                         lines.append(
-                            f"  {name} {report.base_url}: ok, model {report.model}, "
+                            f"  {name} {report.base_url}: ok, model {server_text(report.model)}, "
                             f"logprob mode {report.logprob_mode}{extra}"
                         )
                         lines.extend(f"    warning: {w}" for w in report.warnings)
