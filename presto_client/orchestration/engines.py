@@ -34,6 +34,7 @@ from presto_client.orchestration.config import (
     ReferenceEngineConfig,
 )
 from presto_client.orchestration.plan import JobPlan
+from presto_client.terminal_text import server_text
 
 logger = logging.getLogger(__name__)
 
@@ -250,8 +251,9 @@ async def engine_identities(engines: Mapping[str, OpenedEngine]) -> dict[str, di
         models = sorted({str(i["model"]) for i in found})
         if len(models) > 1:
             raise ConfigError(
-                f"engine {name}: its replicas serve different models ({', '.join(models)}); "
-                "a chain's replica would decide its model. Point base_urls at one model"
+                f"engine {name}: its replicas serve different models "
+                f"({server_text(', '.join(models))}); a chain's replica would decide its model. "
+                "Point base_urls at one model"
             )
         out[name] = found[0]
     return out
