@@ -28,7 +28,10 @@ def test_busy_port_names_the_port_and_what_to_do_rc_2() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         proc = subprocess.run(
             [sys.executable, "-m", "presto_client.cli", "serve-embedded", "--port", str(port)],
             capture_output=True,

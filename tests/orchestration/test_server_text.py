@@ -39,7 +39,10 @@ def _presto(*args: str) -> tuple[int, str]:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        },
         cwd=ROOT,
     )
     return proc.returncode, proc.stdout + proc.stderr
