@@ -47,6 +47,7 @@ from presto_client.errors import (
     InvalidResponseError,
     ProbeError,
 )
+from presto_client.terminal_text import server_text
 from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
@@ -349,8 +350,9 @@ class HttpEngine:
         names = await self._served_models()
         if self.spec.model is not None and names and self.spec.model not in names:
             raise ProbeError(
-                f"{self.base_url} serves {', '.join(names)}, not {self.spec.model!r}: fix "
-                "`model` in the engine spec (or leave it out to use the served one)",
+                f"{self.base_url} serves {server_text(', '.join(names))}, not "
+                f"{self.spec.model!r}: fix `model` in the engine spec (or leave it out to use "
+                "the served one)",
                 engine=self.name,
             )
         if self._model is None and names:
@@ -386,7 +388,7 @@ class HttpEngine:
         logger.info(
             "[%s] probe ok: model %s, logprob mode %s (max |Δ| %.2g)",
             self.name,
-            model,
+            server_text(model),
             self.adapter.mode,
             report.max_abs_logprob_diff or 0.0,
         )

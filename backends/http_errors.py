@@ -15,6 +15,7 @@ from typing import Any
 
 from backends.parsing import error_message
 from backends.pool import ConnectError, ConnectTimeout, ReadTimeout
+from presto_client.terminal_text import server_text
 
 NOT_OPENAI = "this is not an OpenAI-compatible server (it answered with an HTML page)"
 FINAL_5XX = frozenset({501, 505})
@@ -27,9 +28,9 @@ _SPACE = re.compile(r"\s+")
 
 
 def shorten(text: str, limit: int) -> str:
-    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut)."""
-    one_line = _SPACE.sub(" ", text).strip()
-    return one_line if len(one_line) <= limit else one_line[: limit - 1].rstrip() + "…"
+    """``text`` on one line, escaped for the terminal, at most ``limit`` characters (an
+    ellipsis marks a cut)."""
+    return server_text(_SPACE.sub(" ", text).strip(), limit)
 
 
 def looks_like_html(text: str, content_type: str = "") -> bool:

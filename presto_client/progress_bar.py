@@ -56,6 +56,7 @@ class ProgressBar:
         self._start_done = 0
         self._last_line = 0.0
         self._active = False
+        self._shown = False
 
     def start(self, total: int, finished: int) -> None:
         if self.mode is None or finished >= total:
@@ -65,6 +66,14 @@ class ProgressBar:
         self._t0 = self._last_line = time.monotonic()
         self._start_done = self.done
         self._active = True
+
+    def _show(self) -> None:
+        """The bar or the ``[started]`` line, at the first chain: a job whose probe fails
+        never starts, and shows no progress at all."""
+        if self._shown or not self._active:
+            return
+        self._shown = True
+        self._t0 = self._last_line = time.monotonic()
         if self.mode == "bar":
             from tqdm import tqdm
 
@@ -82,11 +91,12 @@ class ProgressBar:
             self._line("started")
 
     def chain_started(self, spec: ChainSpec, replica: int) -> None:
-        return None
+        self._show()
 
     def round_done(self, spec: ChainSpec, record: RoundRecord, queue_s: float) -> None:
         if not self._active:
             return
+        self._show()
         n = int(record.transitions)
         self.done += n
         self._by_chain[spec.chain_id] = self._by_chain.get(spec.chain_id, 0) + n
@@ -100,6 +110,7 @@ class ProgressBar:
     def chain_done(self, outcome: ChainOutcome) -> None:
         if not self._active:
             return
+        self._show()
         self.chains_done += 1
         # A chain that stopped early (failed) will not bring its remaining transitions.
         missing = self.per_chain - self._by_chain.pop(outcome.spec.chain_id, 0)
@@ -138,7 +149,7 @@ class ProgressBar:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif self._active:
+        elif self._active and self._shown:
             self._line("done")
         self._active = False
 

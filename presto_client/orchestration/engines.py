@@ -32,6 +32,7 @@ from presto_client.orchestration.config import (
     JobConfig,
 )
 from presto_client.orchestration.plan import JobPlan
+from presto_client.terminal_text import server_text
 
 logger = logging.getLogger(__name__)
 
@@ -224,8 +225,9 @@ async def engine_identities(engines: Mapping[str, OpenedEngine]) -> dict[str, di
         models = sorted({str(i["model"]) for i in found})
         if len(models) > 1:
             raise ConfigError(
-                f"engine {name}: its replicas serve different models ({', '.join(models)}); "
-                "a chain's replica would decide its model. Point base_urls at one model"
+                f"engine {name}: its replicas serve different models "
+                f"({server_text(', '.join(models))}); a chain's replica would decide its model. "
+                "Point base_urls at one model"
             )
         out[name] = found[0]
     return out
@@ -237,7 +239,7 @@ def describe_probe(name: str, report: Any) -> list[str]:
     if report.seeds_honoured is not None:
         extra = f", seeds honoured: {report.seeds_honoured}"
     lines = [
-        f"  {name} {report.base_url}: ok, model {report.model}, "
+        f"  {name} {report.base_url}: ok, model {server_text(report.model)}, "
         f"logprob mode {report.logprob_mode}{extra}"
     ]
     lines.extend(f"    warning: {w}" for w in report.warnings)

@@ -22,6 +22,7 @@ LEAVES = (
     "presto_client.defaults",
     "presto_client.urls",
     "presto_client.concurrency",
+    "presto_client.terminal_text",
 )
 
 # An entry allows that module and everything under it; "=name" allows that module only (a
@@ -51,6 +52,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "presto_client/defaults.py": (),
     "presto_client/urls.py": (),
     "presto_client/concurrency.py": (),
+    "presto_client/terminal_text.py": (),
 }
 # The faces (cli.py, __init__.py, lm_eval_model.py) may import everything: not listed.
 
