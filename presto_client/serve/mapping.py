@@ -8,8 +8,8 @@
   ``num_blocks``, lowered to the largest divisor of ``max_tokens`` not above it, so the answer
   is exactly ``max_tokens`` tokens long (or ends at EOS) and every block is as long as the
   others, as the kernels need. Absent: the config's ``block_size × num_blocks``.
-- **seed**: the root seed of the request's chains (the config's when absent is not used: a
-  request without one gets a fresh random seed, reported in the answer's ``presto.seed``).
+- **seed**: the root seed of the request's chains; a request without one gets a fresh random
+  seed (reported in the answer's ``presto.seed``), as an OpenAI request without one is random.
 - Power-sampling settings in the body (``alpha``, ``steps_per_block``, ``sampler``,
   ``traversal``, ...) override the config's ``sampler:`` and are validated as it is.
 """
