@@ -240,3 +240,63 @@ def test_deadline_is_a_504(tmp_path: Path) -> None:
         r = _post(service, {"model": "ref", "prompt": [1, 2], "seed": 1})
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         gate.set()
+
+
+_UPSTREAM = """
+import sys, time
+from tests.support.emulation import EmulationServer
+server = EmulationServer("vllm", vocab_size=32).start()
+server.faults.delay_s = 0.05  # slow answers (and streamed events): a request is under way
+print(server.base_url, flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_upstream_that_dies_mid_request_is_a_503(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    upstream = subprocess.Popen(
+        [sys.executable, "-c", _UPSTREAM], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert upstream.stdout is not None
+        url = upstream.stdout.readline().strip()
+        data = reference_job(tmp_path / "run")
+        data["engines"] = [
+            {
+                "kind": "vllm",
+                "name": "emu",
+                "base_url": url,
+                "max_retries": 0,
+                "restart_window_s": 0,
+                "connect_timeout_s": 2,
+            }
+        ]
+        config = write_config(tmp_path / "job.yaml", data)
+        with ServiceThread(load(config)) as service:
+            answers: list[httpx.Response] = []
+            body = {"model": "emu", "prompt": [1, 2], "seed": 1}
+            thread = threading.Thread(target=lambda: answers.append(_post(service, body)))
+            thread.start()
+            engine = service.running.service.engine  # type: ignore[union-attr]
+            for _ in range(500):
+                if service.call(lambda: engine.in_flight) > 0:
+                    break
+                threading.Event().wait(0.01)
+            upstream.kill()  # the engine dies mid-request: its connections are reset
+            upstream.wait(timeout=10)
+            thread.join(timeout=20)
+            assert not thread.is_alive()
+            assert answers[0].status_code == 503, answers[0].text
+            assert "unavailable" in answers[0].json()["error"]["message"]
+            assert service.call(lambda: engine.in_flight) == 0
+    finally:
+        upstream.kill()
+        upstream.wait(timeout=10)
