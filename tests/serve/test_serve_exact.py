@@ -109,3 +109,29 @@ def test_chat_over_http_matches_presto_run_with_the_chat_template(
     assert answer.choices[0].model_extra["token_ids"] == rows[0]["token_ids"]
     assert answer.choices[0].message.content == rows[0]["text"]
     assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"sampler": "entropy_cut", "beta": 2.0, "alpha": 3.0},
+        {"sampler": {"kind": "multi_try_mh", "k_try": 2}, "steps_per_block": 3},
+    ],
+)
+def test_per_request_settings_are_those_of_a_config(
+    tmp_path: Path, settings: dict[str, Any]
+) -> None:
+    """Settings in the body give what a config with those settings gives ``presto run``."""
+    data = reference_job(tmp_path / "run", chains_per_prompt=2, seed=5)
+    data["sampler"] = {**data["sampler"], **settings}
+    config = write_config(tmp_path / "job.yaml", data)
+    rows = _presto_run(config)
+    plain = write_config(tmp_path / "plain.yaml", reference_job(tmp_path / "unused"))
+    with ServiceThread(load(plain)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        answer = client.completions.create(
+            model="ref", prompt=[1, 2, 3], n=2, seed=5, extra_body=settings
+        )
+    assert [c.model_extra["token_ids"] for c in answer.choices] == [r["token_ids"] for r in rows]
+    name = settings["sampler"] if isinstance(settings["sampler"], str) else "multi_try_mh"
+    assert answer.model_extra["presto"]["sampler"] == name
