@@ -41,6 +41,7 @@ def test_lm_eval_local_completions(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     pytest.importorskip("lm_eval")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     from lm_eval import simple_evaluate
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
     from lm_eval.tasks import TaskManager
 
     _task(tmp_path)
@@ -49,12 +50,14 @@ def test_lm_eval_local_completions(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         data["engines"] = [{"kind": "vllm", "name": "emu", "base_url": upstream.base_url}]
         config = write_config(tmp_path / "job.yaml", data)
         with ServiceThread(load(config)) as service:
+            # lm-eval's local-completions model (its class: the registry's name table depends
+            # on which lm-eval modules other tests imported first)
+            lm = LocalCompletionsAPI.create_from_arg_string(
+                f"model=emu,base_url={service.v1}/completions,tokenized_requests=False,"
+                "tokenizer_backend=None,num_concurrent=1,max_retries=1"
+            )
             res: Any = simple_evaluate(
-                model="local-completions",
-                model_args=(
-                    f"model=emu,base_url={service.v1}/completions,tokenized_requests=False,"
-                    "tokenizer_backend=None,num_concurrent=1,max_retries=1"
-                ),
+                model=lm,
                 tasks=["presto_serve_arith"],
                 task_manager=TaskManager(include_path=str(tmp_path)),
                 gen_kwargs="alpha=4.0",
