@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(validate)
 
+    from presto_client.serve.command import add_serve_parser
+
+    add_serve_parser(subs, _config_options, _common)
+
     serve = subs.add_parser(
         "serve-embedded",
         help="serve the embedded CPU engine (vLLM dialect) on loopback",
@@ -467,7 +471,14 @@ def cmd_serve_embedded(args: argparse.Namespace, out: TextIO) -> int:
     return int(serve_main(rest) or 0)
 
 
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.serve.command import run_serve
+
+    return run_serve(args, _load(args))
+
+
 _COMMANDS = {
+    "serve": cmd_serve,
     "run": cmd_run,
     "compare": cmd_compare,
     "report": cmd_report,
