@@ -14,7 +14,6 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-
 import pytest
 
 from tests.support.emulation import EmulationServer
