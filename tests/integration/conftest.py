@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gateways import gateway_pair  # noqa: F401  (the gateway tier's fixture)
 from vllm_servers import VllmServer, server_port
 
 ROOT = Path(__file__).resolve().parents[2]
