@@ -30,7 +30,7 @@ from backends.scoring import (
     scored_from_scaled,
 )
 from backends.spec import Capabilities, EngineSpec, ProbeReport
-from backends.transport import Transport
+from backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     FloatArray,
@@ -96,6 +96,8 @@ class HttpEngine:
             connect_timeout_s=spec.connect_timeout_s,
             max_retries=spec.max_retries,
             restart_window_s=spec.restart_window_s,
+            request_deadline_s=spec.request_deadline_s,
+            max_response_mb=spec.max_response_mb,
             api_key=spec.api_key,
             pool=pool,
             sleep=sleep,
@@ -108,6 +110,14 @@ class HttpEngine:
         self.last_probe: ProbeReport | None = None
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
+
+    def _cap(self, tokens: int, top_k: int | None = None) -> int:
+        """The size cap of an answer carrying ``tokens`` tokens' top-K logprobs (a full
+        vocabulary's, ``top_k == -1``, counted at the known vocabulary size)."""
+        k = self.spec.top_k if top_k is None else top_k
+        if k < 0:
+            k = self.spec.vocab_size or 0
+        return response_cap(self.spec.max_response_mb, tokens, k)
 
     # ---- properties
 
@@ -186,7 +196,9 @@ class HttpEngine:
 
     async def _generate_one(self, request: ProposalRequest, model: str, label: str) -> ScoredTokens:
         call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
         generated = self.adapter.parse_generate(request, body, label=label)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
@@ -206,7 +218,10 @@ class HttpEngine:
         k = self.spec.top_k if top_k is None else top_k
         slabel = f"scoring of {label}"
         call = self.adapter.build_score(prefix, token_ids, model, k, label=slabel)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=slabel)
+        cap = self._cap(len(prefix) + len(token_ids), k)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=slabel, max_bytes=cap
+        )
         return self.adapter.parse_score(prefix, token_ids, body, k, label=slabel)
 
     # ---- stream
@@ -227,7 +242,9 @@ class HttpEngine:
         received = 0
         # Events arrive in batches (those completed by one network read), parsed and scored
         # as one chunk: when the client falls behind, its costs per chunk are shared.
-        events = self.transport.stream_event_batches(call.path, call.payload, label=label)
+        events = self.transport.stream_event_batches(
+            call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
         try:
             async for batch in events:
                 chunk = self.adapter.parse_stream_events(request, batch, label=label)
@@ -398,7 +415,9 @@ class HttpEngine:
         )
         label = "probe generation"
         call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
         generated = self.adapter.parse_generate(request, body, label=label)
         raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
         returned = generated.logprobs

@@ -131,10 +131,24 @@ class HttpEngineConfig(_EngineCommon):
     )
     top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
     request_timeout_s: float = Field(
-        defaults.REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
+        defaults.REQUEST_TIMEOUT_S,
+        gt=0,
+        description="Longest silence of the server within one request, seconds.",
     )
     connect_timeout_s: float = Field(
         defaults.CONNECT_TIMEOUT_S, gt=0, description="Connect timeout, seconds."
+    )
+    request_deadline_s: float = Field(
+        defaults.REQUEST_DEADLINE_S,
+        gt=0,
+        description="The most one request may take in all, seconds (keepalives or a trickle "
+        "of bytes never reach request_timeout_s); not retried.",
+    )
+    max_response_mb: float = Field(
+        defaults.MAX_RESPONSE_MB,
+        gt=0,
+        description="Least size cap of one answer, MiB (a request's grows with tokens x "
+        "top-K; an SSE line may take a sixteenth); larger answers are refused.",
     )
     max_retries: int = Field(
         defaults.MAX_RETRIES,
@@ -226,6 +240,8 @@ class HttpEngineConfig(_EngineCommon):
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
+            request_deadline_s=self.request_deadline_s,
+            max_response_mb=self.max_response_mb,
             max_retries=self.max_retries,
             restart_window_s=self.restart_window_s,
             api_key=self._api_key(index),
