@@ -20,7 +20,7 @@ import numpy as np
 
 from backends.adapter import RAW, SCALED, Adapter, HttpCall
 from backends.metrics import prefix_cache_metrics
-from backends.parsing import TokenLogprobs
+from backends.parsing import TokenLogprobs, check_token_ids
 from backends.pool import Pool
 from backends.retry import Sleep
 from backends.scoring import (
@@ -119,6 +119,9 @@ class HttpEngine:
             k = self.spec.vocab_size or 0
         return response_cap(self.spec.max_response_mb, tokens, k)
 
+    def _checked(self, raw: TokenLogprobs, label: str) -> TokenLogprobs:
+        return check_token_ids(raw, self.spec.vocab_size, label=label)
+
     # ---- properties
 
     @property
@@ -199,7 +202,7 @@ class HttpEngine:
         body = await self.transport.request_json(
             "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
         )
-        generated = self.adapter.parse_generate(request, body, label=label)
+        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
         raw = await self._score_raw(request.prefix, generated.token_ids.tolist(), model, label)
@@ -222,7 +225,9 @@ class HttpEngine:
         body = await self.transport.request_json(
             "POST", call.path, call.payload, label=slabel, max_bytes=cap
         )
-        return self.adapter.parse_score(prefix, token_ids, body, k, label=slabel)
+        return self._checked(
+            self.adapter.parse_score(prefix, token_ids, body, k, label=slabel), slabel
+        )
 
     # ---- stream
 
@@ -250,6 +255,7 @@ class HttpEngine:
                 chunk = self.adapter.parse_stream_events(request, batch, label=label)
                 if chunk is None or len(chunk) == 0:
                     continue
+                self._checked(chunk, label)
                 received += len(chunk)
                 if received > request.num_tokens:
                     raise EngineError(
@@ -418,7 +424,7 @@ class HttpEngine:
         body = await self.transport.request_json(
             "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
         )
-        generated = self.adapter.parse_generate(request, body, label=label)
+        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
         returned = generated.logprobs
         # Differences to the sampled token of every token in both top-K lists are exact under

@@ -39,6 +39,8 @@ it starts. Other failures (timeouts, 408/429/500) keep ``max_retries``; a 4xx is
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 """The embedded engine's model (as recorded in a run's fingerprint)."""
+EMBEDDED_VOCAB_SIZE = 49152
+"""SmolLM2's vocabulary: ids at or past it in an answer are refused."""
 EMBEDDED_EOS_TOKEN_ID = 2
 """``<|im_end|>`` of SmolLM2-Instruct: where the embedded engine's responses are truncated."""
 EMBEDDED_REQUEST_TIMEOUT_S = 600.0

@@ -87,6 +87,12 @@ class _EngineCommon(StrictModel):
         engine's own."""
         return self.eos_token_id if self.eos_token_id is not None else self.known_eos_token_id
 
+    def known_vocab_size(self) -> int | None:
+        """The model's vocabulary size where the config gives it or the engine's model is
+        known (prompt token ids at or past it are refused)."""
+        value = getattr(self, "vocab_size", None)
+        return int(value) if value is not None else None
+
     def fingerprint_model(self) -> str | None:
         """What the engine serves, as a run directory's fingerprint records it."""
         raise NotImplementedError
@@ -168,7 +174,10 @@ class HttpEngineConfig(_EngineCommon):
         "with user:password@ is sent as HTTP Basic auth instead; giving both is an error.",
     )
     vocab_size: int | None = Field(
-        None, ge=2, description="Vocabulary size; needed only for temperatures above 1."
+        None,
+        ge=2,
+        description="Vocabulary size (the model's config.json); needed for temperatures above "
+        "1, and token ids at or past it (answers, prompts) are refused. No server API gives it.",
     )
     probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
 
@@ -270,6 +279,9 @@ class EmbeddedEngineConfig(_EngineCommon):
 
     known_eos_token_id: ClassVar[int | None] = defaults.EMBEDDED_EOS_TOKEN_ID
 
+    def known_vocab_size(self) -> int | None:
+        return defaults.EMBEDDED_VOCAB_SIZE
+
     def fingerprint_model(self) -> str | None:
         return f"{defaults.EMBEDDED_MODEL}:{self.dtype}"
 
@@ -293,6 +305,7 @@ class EmbeddedEngineConfig(_EngineCommon):
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
             name=name,
+            vocab_size=defaults.EMBEDDED_VOCAB_SIZE,
         )
         return [create_engine(spec, 0)]
 
@@ -318,6 +331,10 @@ class ReferenceEngineConfig(_EngineCommon):
     )
 
     takes_text: ClassVar[bool] = False
+
+    def known_vocab_size(self) -> int | None:
+        # The toy model's contexts are any ids (a prompt only seeds its rows): none refused.
+        return None
 
     def fingerprint_model(self) -> str | None:
         return f"reference:{self.vocab_size}:{self.model_seed}:{self.logit_scale}:{self.top_k}"
