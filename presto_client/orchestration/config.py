@@ -196,8 +196,7 @@ class SamplerSettings(StrictModel):
     )
     steps_per_block: int = Field(
         _CORE.steps_per_block,
-        ge=0,
-        description="K: Metropolis–Hastings transitions after each block's extension.",
+        description="K: Metropolis–Hastings transitions after each block's extension (>= 1).",
     )
     traversals: list[TraversalName] = Field(
         default_factory=_default_traversals,
@@ -234,6 +233,17 @@ class SamplerSettings(StrictModel):
         description="Settings of a registered sampler's own (its kernel's options), given in "
         "the sampler block: sampler: {kind: NAME, SETTING: VALUE}.",
     )
+
+    @field_validator("steps_per_block")
+    @classmethod
+    def _some_steps(cls, k: int) -> int:
+        if k < 1:
+            raise ValueError(
+                f"steps_per_block is {k}: with no Metropolis-Hastings step a chain is a plain "
+                "sample at the proposal temperature, not a power sample (the "
+                "'low_temperature' baseline arm is that); give K >= 1"
+            )
+        return k
 
     @model_validator(mode="before")
     @classmethod

@@ -9,6 +9,7 @@ HTTP kinds are the backends' registry (:mod:`backends.registry`), never restated
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, Union
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,10 +51,26 @@ def engine_kinds() -> tuple[str, ...]:
     return (*http_kinds(), *LOCAL_KINDS)
 
 
+def _numeric(annotation: Any) -> bool:
+    """Whether a field takes a number and not a boolean (``float``, ``int | None``, ...)."""
+    args = typing.get_args(annotation) or (annotation,)
+    return bool not in args and any(a in (int, float) for a in args)
+
+
 class StrictModel(BaseModel):
-    """A config model: unknown fields are errors, defaults are validated too."""
+    """A config model: unknown fields are errors, defaults are validated too, and a boolean
+    is no number (pydantic would read ``alpha: true`` as 1.0)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _numeric(field.annotation):
+                raise ValueError(f"{value!r} is a boolean, not a number: write the number")
+        return value
 
 
 # --------------------------------------------------------------------------------------------
