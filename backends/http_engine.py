@@ -356,7 +356,7 @@ class HttpEngine:
         not the configured mode. Softer findings go to ``warnings`` and the log.
         """
         health = f"{self.base_url}{self.adapter.health_path}"
-        status = await self.transport.get_status(self.adapter.health_path)
+        status = await self.transport.get_status(self.adapter.health_path, refuse_redirects=True)
         if status in (404, 405, 501):  # nothing there: a wrong URL, or another kind of server
             raise EngineUnavailableError(
                 f"{health} answered HTTP {status}: a wrong URL? {self.adapter.health_path} is "

@@ -188,6 +188,17 @@ class Transport:
             f"{label}: HTTP {status} from {self.base_url}: {message}", engine=self.engine_name
         )
 
+    def _refuse_redirect(self, status: int, headers: Mapping[str, str], label: str) -> None:
+        """A 3xx answer as the error it is: redirects are never followed (they could take the
+        credentials to another host), so the URL is to be fixed instead (always raises)."""
+        where = headers.get("Location")
+        target = repr(redact_url(where[:200])) if where else "nowhere (no Location header)"
+        raise EngineRequestError(
+            f"{label}: HTTP {status} from {self.base_url}: a redirect to {target}, not followed "
+            "(redirects never are); point base_url at the server itself",
+            engine=self.engine_name,
+        )
+
     def _too_large(self, exc: ResponseTooLarge, label: str, what: str) -> EngineError:
         return InvalidResponseError(
             f"{label}: {what} from {self.base_url} is larger than its cap of {exc.limit} bytes "
@@ -284,6 +295,8 @@ class Transport:
             raise self._past_deadline(label) from exc
         if reply.status >= 400:
             self._raise_for_status(reply.status, reply.headers, reply.reason, reply.body, label)
+        if reply.status >= 300:
+            self._refuse_redirect(reply.status, reply.headers, label)
         return reply.body
 
     async def request_json(
@@ -309,8 +322,9 @@ class Transport:
         )
         return data.decode("utf-8", "replace")
 
-    async def get_status(self, path: str) -> int:
-        """The HTTP status of ``GET path`` with one attempt (connection errors propagate)."""
+    async def get_status(self, path: str, *, refuse_redirects: bool = False) -> int:
+        """The HTTP status of ``GET path`` with one attempt (connection errors propagate; a
+        redirect raises with ``refuse_redirects``)."""
         cap = response_cap(self.max_response_mb)
         try:
             async with asyncio.timeout(self.request_deadline_s):
@@ -323,6 +337,8 @@ class Transport:
             raise self._too_large(exc, f"GET {path}", "the response") from exc
         except TimeoutError as exc:
             raise self._past_deadline(f"GET {path}") from exc
+        if refuse_redirects and 300 <= reply.status < 400:
+            self._refuse_redirect(reply.status, reply.headers, f"GET {path}")
         return reply.status
 
     async def _open(self, path: str, content: bytes, label: str, deadline: float) -> StreamReply:
@@ -337,6 +353,9 @@ class Transport:
                     finally:
                         await reply.aclose()
                     self._raise_for_status(reply.status, reply.headers, reply.reason, body, label)
+                if reply.status >= 300:
+                    await reply.aclose()
+                    self._refuse_redirect(reply.status, reply.headers, label)
         except TimeoutError as exc:
             raise self._past_deadline(label) from exc
         return reply

@@ -97,3 +97,16 @@ async def test_models_endpoint_missing_is_not_an_openai_server() -> None:
     assert "not an OpenAI-compatible server" in str(info.value)
     assert len(str(info.value)) < 500
     await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_redirect_on_health_is_named_not_followed() -> None:
+    def redirecting(request: Sent) -> Answer:
+        return Answer(302, headers={"Location": "https://login.example/sso"}, reason="Found")
+
+    e = engine(redirecting)
+    with pytest.raises(EngineError) as info:
+        await e.probe()  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "HTTP 302" in text and "redirect to 'https://login.example/sso', not followed" in text
+    assert "still loading" not in text
+    await e.aclose()  # type: ignore[attr-defined]
