@@ -62,6 +62,13 @@ SEMANTICS_DRIFT_WARN = 0.05
 """Above this the matching hypothesis still leaves a large numeric drift (bf16?)."""
 
 
+_MODEL_LISTINGS = (
+    ("/v1/models", "an OpenAI-compatible server (kind: vllm, or openai)"),
+    ("/get_model_info", "an SGLang server (kind: sglang)"),
+)
+"""The model listings that tell the built-in dialects apart when the configured one fails."""
+
+
 def _label(request: ProposalRequest, index: int | None = None) -> str:
     where = "" if index is None else f" {index}"
     return (
@@ -155,13 +162,36 @@ class HttpEngine:
         return self._model
 
     async def _served_models(self) -> list[str]:
-        body = await self.transport.request_json(
-            "GET", self.adapter.models_path, label="model discovery"
-        )
+        try:
+            body = await self.transport.request_json(
+                "GET", self.adapter.models_path, label="model discovery"
+            )
+        except EngineRequestError as exc:
+            other = await self._other_dialect()
+            if other is None:
+                raise
+            raise EngineRequestError(
+                f"{exc}; but {self.base_url}{other[0]} answers: this looks like {other[1]}, "
+                "not the configured kind: fix `kind` in the engine config",
+                engine=self.name,
+            ) from exc
         parsed = self.adapter.parse_models(body)
         if parsed.max_model_len is not None:
             self.max_model_len = parsed.max_model_len
         return parsed.names
+
+    async def _other_dialect(self) -> tuple[str, str] | None:
+        """Which other dialect's model listing this server answers (only on a failure path:
+        one GET each), as ``(path, dialect in words)``."""
+        for path, dialect in _MODEL_LISTINGS:
+            if path == self.adapter.models_path:
+                continue
+            try:
+                if await self.transport.get_status(path) == 200:
+                    return path, dialect
+            except EngineError:
+                continue
+        return None
 
     async def identity(self) -> dict[str, Any]:
         """What the run directory records of this server, so that a resume cannot mix engines:
