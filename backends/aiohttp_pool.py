@@ -23,8 +23,10 @@ from backends.pool import (
     ReadTimeout,
     RemoteProtocolError,
     Reply,
+    ResponseTooLarge,
     TransportError,
     UnsupportedURL,
+    declared_length,
 )
 
 KEEPALIVE_S = 30.0
@@ -49,6 +51,21 @@ def transport_error(exc: BaseException) -> TransportError:
     if isinstance(exc, aiohttp.InvalidURL):
         return UnsupportedURL(message)
     return NetworkError(message)
+
+
+async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body, refused (the connection dropped) as soon as it passes ``max_bytes``."""
+    announced = declared_length(response.headers)
+    if announced is not None and announced > max_bytes:
+        raise ResponseTooLarge(max_bytes, announced)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ResponseTooLarge(max_bytes, size)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 class AiohttpStreamReply:
@@ -126,13 +143,19 @@ class AiohttpPool:
         return session
 
     async def fetch(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        *,
+        max_bytes: int,
     ) -> Reply:
         try:
             async with self._client().request(
                 method, url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                data = await response.read()
+                data = await _read_capped(response, max_bytes)
         except _FAILURES as exc:
             raise transport_error(exc) from exc
         return Reply(response.status, response.reason or "", response.headers, data)

@@ -20,7 +20,7 @@ import numpy as np
 
 from backends.adapter import RAW, SCALED, Adapter, HttpCall
 from backends.metrics import prefix_cache_metrics
-from backends.parsing import TokenLogprobs
+from backends.parsing import TokenLogprobs, check_token_ids
 from backends.pool import Pool
 from backends.retry import Sleep
 from backends.scoring import (
@@ -30,7 +30,7 @@ from backends.scoring import (
     scored_from_scaled,
 )
 from backends.spec import Capabilities, EngineSpec, ProbeReport
-from backends.transport import Transport
+from backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     FloatArray,
@@ -61,6 +61,13 @@ SEMANTICS_INDISTINCT = 1e-3
 """Below this mean difference raw and scaled logprobs cannot be told apart (confident tokens)."""
 SEMANTICS_DRIFT_WARN = 0.05
 """Above this the matching hypothesis still leaves a large numeric drift (bf16?)."""
+
+
+_MODEL_LISTINGS = (
+    ("/v1/models", "an OpenAI-compatible server (kind: vllm, or openai)"),
+    ("/get_model_info", "an SGLang server (kind: sglang)"),
+)
+"""The model listings that tell the built-in dialects apart when the configured one fails."""
 
 
 def _label(request: ProposalRequest, index: int | None = None) -> str:
@@ -97,6 +104,8 @@ class HttpEngine:
             connect_timeout_s=spec.connect_timeout_s,
             max_retries=spec.max_retries,
             restart_window_s=spec.restart_window_s,
+            request_deadline_s=spec.request_deadline_s,
+            max_response_mb=spec.max_response_mb,
             api_key=spec.api_key,
             pool=pool,
             sleep=sleep,
@@ -109,6 +118,17 @@ class HttpEngine:
         self.last_probe: ProbeReport | None = None
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
+
+    def _cap(self, tokens: int, top_k: int | None = None) -> int:
+        """The size cap of an answer carrying ``tokens`` tokens' top-K logprobs (a full
+        vocabulary's, ``top_k == -1``, counted at the known vocabulary size)."""
+        k = self.spec.top_k if top_k is None else top_k
+        if k < 0:
+            k = self.spec.vocab_size or 0
+        return response_cap(self.spec.max_response_mb, tokens, k)
+
+    def _checked(self, raw: TokenLogprobs, label: str) -> TokenLogprobs:
+        return check_token_ids(raw, self.spec.vocab_size, label=label)
 
     # ---- properties
 
@@ -143,13 +163,36 @@ class HttpEngine:
         return self._model
 
     async def _served_models(self) -> list[str]:
-        body = await self.transport.request_json(
-            "GET", self.adapter.models_path, label="model discovery"
-        )
+        try:
+            body = await self.transport.request_json(
+                "GET", self.adapter.models_path, label="model discovery"
+            )
+        except EngineRequestError as exc:
+            other = await self._other_dialect()
+            if other is None:
+                raise
+            raise EngineRequestError(
+                f"{exc}; but {self.base_url}{other[0]} answers: this looks like {other[1]}, "
+                "not the configured kind: fix `kind` in the engine config",
+                engine=self.name,
+            ) from exc
         parsed = self.adapter.parse_models(body)
         if parsed.max_model_len is not None:
             self.max_model_len = parsed.max_model_len
         return parsed.names
+
+    async def _other_dialect(self) -> tuple[str, str] | None:
+        """Which other dialect's model listing this server answers (only on a failure path:
+        one GET each), as ``(path, dialect in words)``."""
+        for path, dialect in _MODEL_LISTINGS:
+            if path == self.adapter.models_path:
+                continue
+            try:
+                if await self.transport.get_status(path) == 200:
+                    return path, dialect
+            except EngineError:
+                continue
+        return None
 
     async def identity(self) -> dict[str, Any]:
         """What the run directory records of this server, so that a resume cannot mix engines:
@@ -187,8 +230,10 @@ class HttpEngine:
 
     async def _generate_one(self, request: ProposalRequest, model: str, label: str) -> ScoredTokens:
         call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
-        generated = self.adapter.parse_generate(request, body, label=label)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
+        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
         raw = await self._score_raw(request.prefix, generated.token_ids.tolist(), model, label)
@@ -207,8 +252,13 @@ class HttpEngine:
         k = self.spec.top_k if top_k is None else top_k
         slabel = f"scoring of {label}"
         call = self.adapter.build_score(prefix, token_ids, model, k, label=slabel)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=slabel)
-        return self.adapter.parse_score(prefix, token_ids, body, k, label=slabel)
+        cap = self._cap(len(prefix) + len(token_ids), k)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=slabel, max_bytes=cap
+        )
+        return self._checked(
+            self.adapter.parse_score(prefix, token_ids, body, k, label=slabel), slabel
+        )
 
     # ---- stream
 
@@ -228,12 +278,15 @@ class HttpEngine:
         received = 0
         # Events arrive in batches (those completed by one network read), parsed and scored
         # as one chunk: when the client falls behind, its costs per chunk are shared.
-        events = self.transport.stream_event_batches(call.path, call.payload, label=label)
+        events = self.transport.stream_event_batches(
+            call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
         try:
             async for batch in events:
                 chunk = self.adapter.parse_stream_events(request, batch, label=label)
                 if chunk is None or len(chunk) == 0:
                     continue
+                self._checked(chunk, label)
                 received += len(chunk)
                 if received > request.num_tokens:
                     raise EngineError(
@@ -334,7 +387,7 @@ class HttpEngine:
         not the configured mode. Softer findings go to ``warnings`` and the log.
         """
         health = f"{self.base_url}{self.adapter.health_path}"
-        status = await self.transport.get_status(self.adapter.health_path)
+        status = await self.transport.get_status(self.adapter.health_path, refuse_redirects=True)
         if status in (404, 405, 501):  # nothing there: a wrong URL, or another kind of server
             raise EngineUnavailableError(
                 f"{health} answered HTTP {status}: a wrong URL? {self.adapter.health_path} is "
@@ -400,8 +453,10 @@ class HttpEngine:
         )
         label = "probe generation"
         call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
-        generated = self.adapter.parse_generate(request, body, label=label)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
+        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
         returned = generated.logprobs
         # Differences to the sampled token of every token in both top-K lists are exact under

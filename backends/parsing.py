@@ -90,6 +90,24 @@ def logprob_value(value: Any, *, label: str, what: str) -> float:
     return min(x, 0.0)
 
 
+def check_token_ids(raw: TokenLogprobs, vocab_size: int | None, *, label: str) -> TokenLogprobs:
+    """``raw`` if every id in it can be a token: none negative (``-1`` pads a top-K row) and,
+    when the vocabulary size is known, none at or past it; :class:`InvalidResponseError`
+    naming the first impossible id otherwise (a stored sample would carry it, unreadable)."""
+    for ids, floor, what in ((raw.token_ids, 0, "token"), (raw.top_ids, -1, "top-K")):
+        if not ids.size:
+            continue
+        low, high = int(ids.min()), int(ids.max())
+        if low < floor:
+            raise InvalidResponseError(f"{label}: the server returned {what} id {low} (negative)")
+        if vocab_size is not None and high >= vocab_size:
+            raise InvalidResponseError(
+                f"{label}: the server returned {what} id {high}, outside the vocabulary of "
+                f"{vocab_size} tokens (vocab_size): a wrong model or a broken server"
+            )
+    return raw
+
+
 def token_id_value(value: Any, *, label: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, str):

@@ -48,6 +48,26 @@ class UnsupportedURL(TransportError):
     """A URL the pool cannot send to (retrying cannot change it)."""
 
 
+class ResponseTooLarge(Exception):
+    """The answer is larger than the request's cap (read no further than the cap).
+
+    Not a :class:`TransportError`: the server answered, and asking again brings the same."""
+
+    def __init__(self, limit: int, seen: int) -> None:
+        super().__init__(f"more than {limit} bytes ({seen} seen)")
+        self.limit = limit
+        self.seen = seen
+
+
+def declared_length(headers: Mapping[str, str]) -> int | None:
+    """The ``Content-Length`` a server announced (``None``: absent or not a number)."""
+    value = headers.get("Content-Length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A whole HTTP answer."""
@@ -85,8 +105,18 @@ class Pool(Protocol):
     """The connections to one replica (bounded, kept alive between requests)."""
 
     async def fetch(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
-    ) -> Reply: ...
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        *,
+        max_bytes: int,
+    ) -> Reply:
+        """The whole answer; :class:`ResponseTooLarge` once its body (or its announced
+        ``Content-Length``) passes ``max_bytes``, having read at most ``max_bytes`` plus one
+        network read."""
+        ...
 
     async def open(
         self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]

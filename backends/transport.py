@@ -12,6 +12,11 @@ turned into the errors the orchestration catches.
   (an HTML page is named as not an OpenAI-compatible server).
 * Redirects are never followed; a URL's ``user:password@`` is sent as HTTP Basic auth and never
   shown (messages carry the redacted URL).
+* Every request has a total deadline (``request_deadline_s``: the request timeout is the
+  longest silence, which keepalive comments or a trickle of bytes never reach) and a size cap
+  (``max_response_mb``, raised per request by what it asks for: tokens x top-K), an SSE line
+  a sixteenth of it. Neither is retried: the server answered, and asking again costs the same
+  again (a deadline retried would hold a chain ``max_retries + 1`` times as long).
 * Cancellation is never swallowed: cancelling a caller aborts its HTTP request, and closing a
   stream iterator closes the HTTP stream (which aborts the request on the server).
 """
@@ -30,7 +35,14 @@ from tenacity import RetryCallState
 
 from backends.aiohttp_pool import AiohttpPool
 from backends.http_errors import FINAL_5XX, body_message, describe_transport_error, is_refused
-from backends.pool import Pool, ReadTimeout, StreamReply, TransportError
+from backends.pool import (
+    Pool,
+    ReadTimeout,
+    ResponseTooLarge,
+    StreamReply,
+    TransportError,
+    declared_length,
+)
 from backends.retry import (
     RETRY_STATUSES,
     RetryableHTTPError,
@@ -47,10 +59,24 @@ from presto_client.errors import (
     EngineError,
     EngineRequestError,
     EngineUnavailableError,
+    InvalidResponseError,
 )
 from presto_client.urls import redact_url, split_userinfo
 
 logger = logging.getLogger(__name__)
+
+
+BYTES_PER_LOGPROB = 1024
+"""A generous size of one returned logprob entry on the wire (token text, bytes, id, value)."""
+SSE_LINE_SHARE = 16
+"""An SSE line may take this fraction of the response cap (one event carries a few tokens)."""
+_MIB = 1 << 20
+
+
+def response_cap(max_response_mb: float, tokens: int = 0, top_k: int = 0) -> int:
+    """The size cap of one answer: ``max_response_mb``, or more for a request that asks for
+    ``tokens`` tokens with ``top_k`` alternatives each (and the token itself)."""
+    return max(int(max_response_mb * _MIB), tokens * (max(top_k, 0) + 1) * BYTES_PER_LOGPROB)
 
 
 def _basic_auth_header(username: str, password: str) -> str:
@@ -71,6 +97,8 @@ class Transport:
         connect_timeout_s: float = defaults.CONNECT_TIMEOUT_S,
         max_retries: int = defaults.MAX_RETRIES,
         restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+        request_deadline_s: float = defaults.REQUEST_DEADLINE_S,
+        max_response_mb: float = defaults.MAX_RESPONSE_MB,
         api_key: str | None = None,
         pool: Pool | None = None,
         sleep: Sleep | None = None,
@@ -89,6 +117,8 @@ class Transport:
         self.max_retries = max(0, int(max_retries))
         self.restart_window_s = max(0.0, float(restart_window_s))
         self.start_hint = start_hint
+        self.request_deadline_s = float(request_deadline_s)
+        self.max_response_mb = float(max_response_mb)
         self._timeouts = {
             "request_timeout_s": request_timeout_s,
             "connect_timeout_s": connect_timeout_s,
@@ -158,6 +188,34 @@ class Transport:
             f"{label}: HTTP {status} from {self.base_url}: {message}", engine=self.engine_name
         )
 
+    def _refuse_redirect(self, status: int, headers: Mapping[str, str], label: str) -> None:
+        """A 3xx answer as the error it is: redirects are never followed (they could take the
+        credentials to another host), so the URL is to be fixed instead (always raises)."""
+        where = headers.get("Location")
+        target = repr(redact_url(where[:200])) if where else "nowhere (no Location header)"
+        raise EngineRequestError(
+            f"{label}: HTTP {status} from {self.base_url}: a redirect to {target}, not followed "
+            "(redirects never are); point base_url at the server itself",
+            engine=self.engine_name,
+        )
+
+    def _too_large(self, exc: ResponseTooLarge, label: str, what: str) -> EngineError:
+        return InvalidResponseError(
+            f"{label}: {what} from {self.base_url} is larger than its cap of {exc.limit} bytes "
+            f"({exc.seen} bytes seen, refused there); if the server is right, raise "
+            f"max_response_mb (now {self.max_response_mb:g}) in the engine config",
+            engine=self.engine_name,
+        )
+
+    def _past_deadline(self, label: str) -> EngineError:
+        return EngineUnavailableError(
+            f"{label}: {self.base_url} did not finish answering within "
+            f"request_deadline_s={self.request_deadline_s:g} s (it kept the connection alive "
+            "without completing: keepalives or a trickle of bytes); not retried; raise "
+            "request_deadline_s in the engine config if its answers are that slow",
+            engine=self.engine_name,
+        )
+
     # ---- retries
 
     def _before_sleep(self, state: RetryCallState) -> None:
@@ -219,51 +277,106 @@ class Transport:
 
     # ---- requests
 
-    async def _fetch(self, method: str, path: str, body: bytes | None, label: str) -> bytes:
+    async def _fetch(
+        self, method: str, path: str, body: bytes | None, label: str, max_bytes: int | None
+    ) -> bytes:
         """One attempt: the answer's body, its status checked."""
         self.requests_sent += 1
         headers = self._headers if body is None else self._json_headers
-        reply = await self._pool.fetch(method, self._url + path, body, headers)
+        cap = response_cap(self.max_response_mb) if max_bytes is None else max_bytes
+        try:
+            async with asyncio.timeout(self.request_deadline_s):
+                reply = await self._pool.fetch(
+                    method, self._url + path, body, headers, max_bytes=cap
+                )
+        except ResponseTooLarge as exc:
+            raise self._too_large(exc, label, "the response") from exc
+        except TimeoutError as exc:  # the pool's own timeouts arrive as ReadTimeout
+            raise self._past_deadline(label) from exc
         if reply.status >= 400:
             self._raise_for_status(reply.status, reply.headers, reply.reason, reply.body, label)
+        if reply.status >= 300:
+            self._refuse_redirect(reply.status, reply.headers, label)
         return reply.body
 
     async def request_json(
-        self, method: str, path: str, payload: dict[str, Any] | None = None, *, label: str
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        label: str,
+        max_bytes: int | None = None,
     ) -> Any:
-        """Send one request (with retries) and decode its JSON answer."""
+        """Send one request (with retries) and decode its JSON answer (``max_bytes``: its
+        size cap, default ``max_response_mb``; see :func:`response_cap`)."""
         content = None if payload is None else orjson.dumps(payload)
         data: bytes = await self._with_retries(
-            lambda: self._fetch(method, path, content, label), label
+            lambda: self._fetch(method, path, content, label, max_bytes), label
         )
         return decode_json(data, label)
 
     async def get_text(self, path: str, *, label: str) -> str:
-        data: bytes = await self._with_retries(lambda: self._fetch("GET", path, None, label), label)
+        data: bytes = await self._with_retries(
+            lambda: self._fetch("GET", path, None, label, None), label
+        )
         return data.decode("utf-8", "replace")
 
-    async def get_status(self, path: str) -> int:
-        """The HTTP status of ``GET path`` with one attempt (connection errors propagate)."""
+    async def get_status(self, path: str, *, refuse_redirects: bool = False) -> int:
+        """The HTTP status of ``GET path`` with one attempt (connection errors propagate; a
+        redirect raises with ``refuse_redirects``)."""
+        cap = response_cap(self.max_response_mb)
         try:
-            reply = await self._pool.fetch("GET", self._url + path, None, self._headers)
+            async with asyncio.timeout(self.request_deadline_s):
+                reply = await self._pool.fetch(
+                    "GET", self._url + path, None, self._headers, max_bytes=cap
+                )
         except TransportError as exc:
             raise self._unavailable(exc, 1) from exc
+        except ResponseTooLarge as exc:
+            raise self._too_large(exc, f"GET {path}", "the response") from exc
+        except TimeoutError as exc:
+            raise self._past_deadline(f"GET {path}") from exc
+        if refuse_redirects and 300 <= reply.status < 400:
+            self._refuse_redirect(reply.status, reply.headers, f"GET {path}")
         return reply.status
 
-    async def _open(self, path: str, content: bytes, label: str) -> StreamReply:
+    async def _open(self, path: str, content: bytes, label: str, deadline: float) -> StreamReply:
         """One attempt of a streaming POST: its headers received and checked."""
         self.requests_sent += 1
-        reply = await self._pool.open("POST", self._url + path, content, self._json_headers)
-        if reply.status >= 400:
-            try:
-                body = await reply.read()
-            finally:
-                await reply.aclose()
-            self._raise_for_status(reply.status, reply.headers, reply.reason, body, label)
+        try:
+            async with asyncio.timeout_at(deadline):
+                reply = await self._pool.open("POST", self._url + path, content, self._json_headers)
+                if reply.status >= 400:
+                    try:
+                        body = await self._read_error_body(reply, label)
+                    finally:
+                        await reply.aclose()
+                    self._raise_for_status(reply.status, reply.headers, reply.reason, body, label)
+                if reply.status >= 300:
+                    await reply.aclose()
+                    self._refuse_redirect(reply.status, reply.headers, label)
+        except TimeoutError as exc:
+            raise self._past_deadline(label) from exc
         return reply
 
+    async def _read_error_body(self, reply: StreamReply, label: str) -> bytes:
+        """An error answer's body, no larger than the cap of any answer."""
+        cap = response_cap(self.max_response_mb)
+        announced = declared_length(reply.headers)
+        if announced is not None and announced > cap:
+            raise self._too_large(ResponseTooLarge(cap, announced), label, "an error answer")
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in reply.chunks():
+            size += len(chunk)
+            if size > cap:
+                raise self._too_large(ResponseTooLarge(cap, size), label, "an error answer")
+            parts.append(chunk)
+        return b"".join(parts)
+
     async def stream_event_batches(
-        self, path: str, payload: dict[str, Any], *, label: str
+        self, path: str, payload: dict[str, Any], *, label: str, max_bytes: int | None = None
     ) -> AsyncGenerator[list[Any], None]:
         """Server-sent events of a streaming POST, decoded from JSON, until ``[DONE]``: the
         events decoded from each network read together (one list per read that completed at
@@ -274,13 +387,35 @@ class Transport:
         which aborts the request on the server.
         """
         content = orjson.dumps(payload)
+        # One deadline for the whole stream, retries of its connection included.
+        deadline = asyncio.get_running_loop().time() + self.request_deadline_s
+        cap = response_cap(self.max_response_mb) if max_bytes is None else max_bytes
+        line_cap = max(cap // SSE_LINE_SHARE, 1)
         reply: StreamReply = await self._with_retries(
-            lambda: self._open(path, content, label), label
+            lambda: self._open(path, content, label, deadline), label
         )
         decoder = SSEDecoder()
+        size = 0
+        chunks = aiter(reply.chunks())
         try:
-            async for chunk in reply.chunks():
+            while True:
+                # The deadline is re-entered per read (never held across a yield: a timeout
+                # context left open there would cancel the consumer, not this read).
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError as exc:
+                    raise self._past_deadline(label) from exc
+                size += len(chunk)
+                if size > cap:
+                    raise self._too_large(ResponseTooLarge(cap, size), label, "the stream")
                 batch, done = decode_events(decoder, chunk, label)
+                if decoder.pending > line_cap:
+                    raise self._too_large(
+                        ResponseTooLarge(line_cap, decoder.pending), label, "one stream line"
+                    )
                 if batch:
                     yield batch
                 if done:

@@ -71,6 +71,11 @@ class SSEDecoder:
         self._consumed = start
         return out
 
+    @property
+    def pending(self) -> int:
+        """Bytes of the line not yet completed (what an endless line would grow)."""
+        return len(self._buf) - self._consumed
+
     def compact(self) -> None:
         """Drop the lines already returned (their views must no longer be in use)."""
         start, self._consumed = self._consumed, 0

@@ -112,6 +112,9 @@ class PromptsConfig(StrictModel):
             not self.token_ids or any(not p for p in self.token_ids)
         ):
             raise ValueError("token_ids must be a non-empty list of non-empty lists of ints")
+        for i, ids in enumerate(self.token_ids or ()):
+            if min(ids) < 0:
+                raise ValueError(f"token_ids[{i}] holds {min(ids)}: token ids are >= 0")
         if self.system_prompt is not None and not self.chat_template:
             raise ValueError("system_prompt needs chat_template: true")
         return self
@@ -193,8 +196,7 @@ class SamplerSettings(StrictModel):
     )
     steps_per_block: int = Field(
         _CORE.steps_per_block,
-        ge=0,
-        description="K: Metropolis–Hastings transitions after each block's extension.",
+        description="K: Metropolis–Hastings transitions after each block's extension (>= 1).",
     )
     traversals: list[TraversalName] = Field(
         default_factory=_default_traversals,
@@ -231,6 +233,17 @@ class SamplerSettings(StrictModel):
         description="Settings of a registered sampler's own (its kernel's options), given in "
         "the sampler block: sampler: {kind: NAME, SETTING: VALUE}.",
     )
+
+    @field_validator("steps_per_block")
+    @classmethod
+    def _some_steps(cls, k: int) -> int:
+        if k < 1:
+            raise ValueError(
+                f"steps_per_block is {k}: with no Metropolis-Hastings step a chain is a plain "
+                "sample at the proposal temperature, not a power sample (the "
+                "'low_temperature' baseline arm is that); give K >= 1"
+            )
+        return k
 
     @model_validator(mode="before")
     @classmethod
@@ -415,6 +428,14 @@ class JobConfig(StrictModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"engine names must be unique; repeated: {', '.join(dup)}")
+        for i, e in enumerate(self.engines):
+            vocab = e.known_vocab_size()
+            for j, ids in enumerate(self.prompts.token_ids or ()):
+                if vocab is not None and max(ids) >= vocab:
+                    raise ValueError(
+                        f"prompts.token_ids[{j}] holds {max(ids)}, outside engines[{i}]'s "
+                        f"vocabulary of {vocab} tokens"
+                    )
         if self.prompts.token_ids is None:
             for i, e in enumerate(self.engines):
                 if not e.takes_text:

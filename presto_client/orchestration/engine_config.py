@@ -9,6 +9,7 @@ HTTP kinds are the backends' registry (:mod:`backends.registry`), never restated
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, Union
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,10 +51,26 @@ def engine_kinds() -> tuple[str, ...]:
     return (*http_kinds(), *LOCAL_KINDS)
 
 
+def _numeric(annotation: Any) -> bool:
+    """Whether a field takes a number and not a boolean (``float``, ``int | None``, ...)."""
+    args = typing.get_args(annotation) or (annotation,)
+    return bool not in args and any(a in (int, float) for a in args)
+
+
 class StrictModel(BaseModel):
-    """A config model: unknown fields are errors, defaults are validated too."""
+    """A config model: unknown fields are errors, defaults are validated too, and a boolean
+    is no number (pydantic would read ``alpha: true`` as 1.0)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _numeric(field.annotation):
+                raise ValueError(f"{value!r} is a boolean, not a number: write the number")
+        return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,6 +104,12 @@ class _EngineCommon(StrictModel):
         """The EOS at which the engine's responses are truncated: the config's, else the
         engine's own."""
         return self.eos_token_id if self.eos_token_id is not None else self.known_eos_token_id
+
+    def known_vocab_size(self) -> int | None:
+        """The model's vocabulary size where the config gives it or the engine's model is
+        known (prompt token ids at or past it are refused)."""
+        value = getattr(self, "vocab_size", None)
+        return int(value) if value is not None else None
 
     def fingerprint_model(self) -> str | None:
         """What the engine serves, as a run directory's fingerprint records it."""
@@ -131,10 +155,24 @@ class HttpEngineConfig(_EngineCommon):
     )
     top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
     request_timeout_s: float = Field(
-        defaults.REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
+        defaults.REQUEST_TIMEOUT_S,
+        gt=0,
+        description="Longest silence of the server within one request, seconds.",
     )
     connect_timeout_s: float = Field(
         defaults.CONNECT_TIMEOUT_S, gt=0, description="Connect timeout, seconds."
+    )
+    request_deadline_s: float = Field(
+        defaults.REQUEST_DEADLINE_S,
+        gt=0,
+        description="The most one request may take in all, seconds (keepalives or a trickle "
+        "of bytes never reach request_timeout_s); not retried.",
+    )
+    max_response_mb: float = Field(
+        defaults.MAX_RESPONSE_MB,
+        gt=0,
+        description="Least size cap of one answer, MiB (a request's grows with tokens x "
+        "top-K; an SSE line may take a sixteenth); larger answers are refused.",
     )
     max_retries: int = Field(
         defaults.MAX_RETRIES,
@@ -154,7 +192,10 @@ class HttpEngineConfig(_EngineCommon):
         "with user:password@ is sent as HTTP Basic auth instead; giving both is an error.",
     )
     vocab_size: int | None = Field(
-        None, ge=2, description="Vocabulary size; needed only for temperatures above 1."
+        None,
+        ge=2,
+        description="Vocabulary size (the model's config.json); needed for temperatures above "
+        "1, and token ids at or past it (answers, prompts) are refused. No server API gives it.",
     )
     probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
 
@@ -226,6 +267,8 @@ class HttpEngineConfig(_EngineCommon):
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
+            request_deadline_s=self.request_deadline_s,
+            max_response_mb=self.max_response_mb,
             max_retries=self.max_retries,
             restart_window_s=self.restart_window_s,
             api_key=self._api_key(index),
@@ -254,6 +297,9 @@ class EmbeddedEngineConfig(_EngineCommon):
 
     known_eos_token_id: ClassVar[int | None] = defaults.EMBEDDED_EOS_TOKEN_ID
 
+    def known_vocab_size(self) -> int | None:
+        return defaults.EMBEDDED_VOCAB_SIZE
+
     def fingerprint_model(self) -> str | None:
         return f"{defaults.EMBEDDED_MODEL}:{self.dtype}"
 
@@ -277,6 +323,7 @@ class EmbeddedEngineConfig(_EngineCommon):
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
             name=name,
+            vocab_size=defaults.EMBEDDED_VOCAB_SIZE,
         )
         return [create_engine(spec, 0)]
 
@@ -302,6 +349,10 @@ class ReferenceEngineConfig(_EngineCommon):
     )
 
     takes_text: ClassVar[bool] = False
+
+    def known_vocab_size(self) -> int | None:
+        # The toy model's contexts are any ids (a prompt only seeds its rows): none refused.
+        return None
 
     def fingerprint_model(self) -> str | None:
         return f"reference:{self.vocab_size}:{self.model_seed}:{self.logit_scale}:{self.top_k}"

@@ -102,6 +102,29 @@ def _describe(models: list[type[BaseModel]], field: str) -> str | None:
     return None
 
 
+def _engine_of(err: Any) -> tuple[str | int, ...] | None:
+    """``("engines", i)`` of an error inside an engine entry."""
+    loc = _clean_loc(err["loc"])
+    return tuple(loc[:2]) if len(loc) >= 2 and loc[0] == "engines" else None
+
+
+def _unknown_kind(err: Any) -> bool:
+    loc = _clean_loc(err["loc"])
+    return (
+        len(loc) == 3
+        and loc[0] == "engines"
+        and loc[2] == "kind"
+        and "unknown engine kind" in str(err["msg"])
+    )
+
+
+def _relevant(errors: list[Any]) -> list[Any]:
+    """The errors worth reporting: of an engine whose kind is unknown, only that (its other
+    fields were checked against some other kind's and would be reported as unknown)."""
+    unknown = {_engine_of(e) for e in errors if _unknown_kind(e)}
+    return [e for e in errors if _unknown_kind(e) or _engine_of(e) not in unknown]
+
+
 def _format_error(err: Any, overridden: dict[str, str]) -> str:
     loc = _clean_loc(err["loc"])
     models = _models_at(list(err["loc"]))
@@ -121,6 +144,11 @@ def _format_error(err: Any, overridden: dict[str, str]) -> str:
         msg = "required field missing"
         desc = _describe(models, last)
         hint = f"add {last}: ..." + (f" ({desc})" if desc else "")
+    elif _unknown_kind(err):
+        msg = msg.removeprefix("Value error, ")
+        given = err.get("input")
+        close = difflib.get_close_matches(str(given), engine_kinds(), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else ""
     elif etype == "union_tag_invalid" or etype == "union_tag_not_found":
         msg = f"unknown engine kind {err.get('input', {}).get('kind')!r}"
         if etype == "union_tag_not_found":
@@ -154,7 +182,7 @@ def validate_job_config(
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [_format_error(e, overridden or {}) for e in exc.errors()]
+        lines = [_format_error(e, overridden or {}) for e in _relevant(list(exc.errors()))]
         raise ConfigError(
             f"{source}: invalid job config ({len(lines)} problem(s)):\n" + "\n".join(lines)
         ) from None

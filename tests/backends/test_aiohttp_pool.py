@@ -173,9 +173,13 @@ async def test_redirects_are_not_followed(served: Callable[[Handler], Awaitable[
 
     hostport = await served(handler)
     t = Transport(f"http://{hostport}", engine_name="e", sleep=_no_sleep)
-    with pytest.raises(InvalidResponseError, match="not JSON"):
+    with pytest.raises(
+        EngineRequestError, match=r"HTTP 307 .*redirect to '/v1/completions\?moved=1', not followed"
+    ):
         await t.request_json("POST", "/v1/completions", {}, label="p")
-    assert t.requests_sent == 1
+    with pytest.raises(EngineRequestError, match=r"HTTP 307 .*not followed"):
+        [e async for e in t.stream_event_batches("/v1/completions", {}, label="p")]
+    assert t.requests_sent == 2
     await t.aclose()
 
 

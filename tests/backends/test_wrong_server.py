@@ -10,7 +10,7 @@ from backends import EngineSpec, create_engine
 from backends.pool import ConnectError
 from backends.transport import Transport
 from presto_client.errors import EngineError, EngineUnavailableError
-from tests.support.memory_pool import Answer, MemoryPool, Sent, text_answer
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 
 HTML_501 = (
     '<!DOCTYPE HTML>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -97,3 +97,34 @@ async def test_models_endpoint_missing_is_not_an_openai_server() -> None:
     assert "not an OpenAI-compatible server" in str(info.value)
     assert len(str(info.value)) < 500
     await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_redirect_on_health_is_named_not_followed() -> None:
+    def redirecting(request: Sent) -> Answer:
+        return Answer(302, headers={"Location": "https://login.example/sso"}, reason="Found")
+
+    e = engine(redirecting)
+    with pytest.raises(EngineError) as info:
+        await e.probe()  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "HTTP 302" in text and "redirect to 'https://login.example/sso', not followed" in text
+    assert "still loading" not in text
+    await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_kind_sglang_against_a_vllm_server_names_the_dialect_that_answered() -> None:
+    def vllm_server(request: Sent) -> Answer:
+        if request.path == "/health":
+            return Answer(200)
+        if request.path == "/v1/models":
+            return json_answer(200, {"object": "list", "data": [{"id": "m"}]})
+        return json_answer(404, {"detail": "Not Found"})
+
+    spec = EngineSpec("sglang", ("http://box:8000",))
+    e = create_engine(spec, pool=MemoryPool(vllm_server))
+    with pytest.raises(EngineError) as info:
+        await e.probe()
+    text = str(info.value)
+    assert "model discovery: HTTP 404" in text
+    assert "/v1/models answers" in text and "kind: vllm" in text
+    await e.aclose()

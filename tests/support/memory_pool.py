@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from backends.pool import Reply
+from backends.pool import Reply, ResponseTooLarge
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +105,18 @@ class MemoryPool:
         return answer
 
     async def fetch(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        *,
+        max_bytes: int,
     ) -> Reply:
         answer = await self._answer(method, url, body, headers)
         data = b"".join(answer.chunks) if answer.chunks is not None else answer.body
+        if len(data) > max_bytes:
+            raise ResponseTooLarge(max_bytes, len(data))
         return Reply(answer.status, answer.reason, answer.headers, data)
 
     async def open(
