@@ -1,4 +1,10 @@
-"""The engines of a job config: one pydantic class per kind of engine.
+"""The engines of a job config: one pydantic class per kind of engine, and their registry.
+
+HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows);
+every other kind is a class of its own registered by its ``kind`` with
+:func:`register_engine_kind` (the embedded server and the reference model below; a new in-process
+kind is one file that defines its class and registers it). The job config's ``engines`` union is
+built from this registry, so a config error still names the field path and lists valid kinds.
 
 Each class knows how to open its replicas (:meth:`open_replicas`), describe itself
 (:meth:`describe`), name what it serves in a run's fingerprint (:meth:`fingerprint_model`), and
@@ -9,8 +15,9 @@ HTTP kinds are the backends' registry (:mod:`backends.registry`), never restated
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, Union
+import typing
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -30,14 +37,21 @@ from presto_client.core.reference import ReferenceEngine, ReferenceModel, Simula
 from presto_client.errors import ConfigError
 from presto_client.urls import redact_url, split_userinfo
 
-LOCAL_KINDS: tuple[str, ...] = ("embedded", "reference")
-"""Engine kinds that are not HTTP backends: the embedded CPU server and the reference model."""
+HTTP_TAG = "http"
+"""The union tag of :class:`HttpEngineConfig` (every kind the backends' registry knows)."""
+
+
+def local_kinds() -> tuple[str, ...]:
+    """Engine kinds that are not HTTP backends, in registration order (:func:`register_engine_kind`:
+    the embedded CPU server, the reference model, then any registered later)."""
+    return tuple(k for k in ENGINE_TAGS if k != HTTP_TAG)
 
 
 def http_kinds() -> tuple[str, ...]:
     """The HTTP engine kinds: the backends' registry (built-ins first, then registered ones and
     the entry points of ``presto_client.backends``), never restated here."""
-    names = [k for k in available_backends() if k not in LOCAL_KINDS]
+    local = local_kinds()
+    names = [k for k in available_backends() if k not in local]
     return (
         *[k for k in BUILTIN_BACKENDS if k in names],
         *[k for k in names if k not in BUILTIN_BACKENDS],
@@ -46,7 +60,7 @@ def http_kinds() -> tuple[str, ...]:
 
 def engine_kinds() -> tuple[str, ...]:
     """Every valid ``kind`` of an engine in a job config."""
-    return (*http_kinds(), *LOCAL_KINDS)
+    return (*http_kinds(), *local_kinds())
 
 
 class StrictModel(BaseModel):
@@ -60,7 +74,10 @@ class StrictModel(BaseModel):
 # --------------------------------------------------------------------------------------------
 
 
-class _EngineCommon(StrictModel):
+class EngineConfigBase(StrictModel):
+    """What every engine config has (a name, its concurrency, its EOS) and does: a registered
+    kind subclasses it with ``kind: Literal["NAME"]`` and the methods below."""
+
     name: str | None = Field(
         None,
         description="Display name of the engine, used in arm ids and tables; unique per job. "
@@ -105,7 +122,7 @@ class _EngineCommon(StrictModel):
         return False
 
 
-class HttpEngineConfig(_EngineCommon):
+class HttpEngineConfig(EngineConfigBase):
     """A running vLLM / SGLang / OpenAI-compatible server (one or several replicas)."""
 
     kind: str = Field(
@@ -235,7 +252,7 @@ class HttpEngineConfig(_EngineCommon):
         return [create_engine(spec, i) for i in range(len(spec.base_urls))]
 
 
-class EmbeddedEngineConfig(_EngineCommon):
+class EmbeddedEngineConfig(EngineConfigBase):
     """The embedded CPU server (SmolLM2-135M, vLLM dialect on loopback), started by presto."""
 
     kind: Literal["embedded"] = Field(description="The embedded CPU engine ('embedded').")
@@ -281,7 +298,7 @@ class EmbeddedEngineConfig(_EngineCommon):
         return [create_engine(spec, 0)]
 
 
-class ReferenceEngineConfig(_EngineCommon):
+class ReferenceEngineConfig(EngineConfigBase):
     """The exact in-process reference model: no server, runs in seconds (tests, demos)."""
 
     kind: Literal["reference"] = Field(description="The in-process reference model.")
@@ -323,25 +340,78 @@ class ReferenceEngineConfig(_EngineCommon):
 
 
 def _engine_tag(value: Any) -> str | None:
-    """Which config class an engine entry is: its local kind, or ``http`` for any other kind
-    (checked against the backends' registry by :class:`HttpEngineConfig`)."""
+    """Which config class an engine entry is: its registered local kind, or ``http`` for any
+    other kind (checked against the backends' registry by :class:`HttpEngineConfig`)."""
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     if kind is None:
         return None
-    return kind if kind in LOCAL_KINDS else "http"
+    return kind if kind in ENGINE_TAGS and kind != HTTP_TAG else HTTP_TAG
 
 
-ENGINE_TAGS: dict[str, type[BaseModel]] = {
-    "http": HttpEngineConfig,
-    "embedded": EmbeddedEngineConfig,
-    "reference": ReferenceEngineConfig,
-}
+ENGINE_TAGS: dict[str, type[EngineConfigBase]] = {HTTP_TAG: HttpEngineConfig}
+"""The registry: union tag -> engine config class (``http``, then each local kind)."""
 
-EngineConfig = Annotated[
-    Union[  # noqa: UP007
-        Annotated[HttpEngineConfig, Tag("http")],
-        Annotated[EmbeddedEngineConfig, Tag("embedded")],
-        Annotated[ReferenceEngineConfig, Tag("reference")],
-    ],
-    Discriminator(_engine_tag),
-]
+_REGISTERED_HOOKS: list[Callable[[], None]] = []
+
+E = TypeVar("E", bound=type[EngineConfigBase])
+
+
+def _declared_kind(cls: type[EngineConfigBase]) -> str:
+    field = cls.model_fields.get("kind")
+    args = typing.get_args(field.annotation) if field is not None else ()
+    if (
+        field is None
+        or typing.get_origin(field.annotation) is not Literal
+        or len(args) != 1
+        or not isinstance(args[0], str)
+    ):
+        raise ValueError(
+            f"engine config {cls.__name__}: declare its kind as kind: Literal['NAME'] "
+            "(one name, the one a config gives)"
+        )
+    return args[0]
+
+
+def register_engine_kind(cls: E) -> E:
+    """Register an engine config class by its ``kind`` (usable as a class decorator).
+
+    A taken kind (a registered class, an HTTP backend, or ``http``) is refused; the job
+    config's ``engines`` are validated against the new registry from then on."""
+    if not (isinstance(cls, type) and issubclass(cls, EngineConfigBase)):
+        raise ValueError(
+            f"{cls!r} is not an engine config class (subclass "
+            "presto_client.orchestration.engine_config.EngineConfigBase)"
+        )
+    kind = _declared_kind(cls)
+    if not kind or any(c in kind for c in "/\\ \t\n,"):
+        raise ValueError(f"engine kind {kind!r} must be non-empty without '/', ',' or spaces")
+    if kind in ENGINE_TAGS:
+        raise ValueError(
+            f"engine kind {kind!r} is already registered (by {ENGINE_TAGS[kind].__name__}); "
+            "choose another kind"
+        )
+    if kind in available_backends():
+        raise ValueError(f"engine kind {kind!r} is already an HTTP backend; choose another kind")
+    ENGINE_TAGS[kind] = cls
+    for hook in _REGISTERED_HOOKS:
+        hook()
+    return cls
+
+
+def on_engine_kind_registered(hook: Callable[[], None]) -> None:
+    """Call ``hook`` after every registration (the job config rebuilds its ``engines`` union)."""
+    _REGISTERED_HOOKS.append(hook)
+
+
+def engine_config_type() -> Any:
+    """The discriminated union of every registered engine config class, by tag."""
+    members = tuple(Annotated[cls, Tag(tag)] for tag, cls in ENGINE_TAGS.items())
+    return Annotated[Union[members], Discriminator(_engine_tag)]  # noqa: UP007
+
+
+register_engine_kind(EmbeddedEngineConfig)
+register_engine_kind(ReferenceEngineConfig)
+
+EngineConfig = engine_config_type()
+"""An engine entry of a job config, as the registry stood when this module was imported (the
+job config keeps its own copy up to date: :func:`on_engine_kind_registered`)."""
