@@ -13,7 +13,6 @@ Reading a YAML file, ``--set`` overrides and error messages with field paths:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,6 +43,7 @@ from presto_client.orchestration.engine_config import (
     register_engine_kind,
 )
 from presto_client.orchestration.grading import GraderConfig
+from presto_client.orchestration.planned import Prompt
 
 __all__ = [
     "ENGINE_TAGS",
@@ -121,16 +121,6 @@ class PromptsConfig(StrictModel):
         if self.system_prompt is not None and not self.chat_template:
             raise ValueError("system_prompt needs chat_template: true")
         return self
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """One prompt: its text (to be tokenized by the engine) or its token ids."""
-
-    index: int
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    answer: str | None = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,17 +6,20 @@ every other kind is a class of its own registered by its ``kind`` with
 kind is one file that defines its class and registers it). The job config's ``engines`` union is
 built from this registry, so a config error still names the field path and lists valid kinds.
 
-Each class knows how to open its replicas (:meth:`open_replicas`), describe itself
-(:meth:`describe`), name what it serves in a run's fingerprint (:meth:`fingerprint_model`), and
-whether it takes text prompts (:attr:`takes_text`), so nothing else switches on engine kinds.
+Each class knows how its replicas are opened (:meth:`opener`: a plain object the plan holds, so
+nothing below the plan sees these models), how to describe itself (:meth:`describe`), what it
+serves in a run's fingerprint (:meth:`fingerprint_model`), and whether it takes text prompts
+(:attr:`takes_text`), so nothing else switches on engine kinds.
 HTTP kinds are the backends' registry (:mod:`backends.registry`), never restated here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 from urllib.parse import urlsplit
 
@@ -35,6 +38,7 @@ from backends.spec import EngineSpec
 from presto_client import defaults
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
 from presto_client.errors import ConfigError
+from presto_client.orchestration.planned import EmbeddedServer, PlannedEngine, ReplicaOpener
 from presto_client.urls import redact_url, split_userinfo
 
 HTTP_TAG = "http"
@@ -112,14 +116,32 @@ class EngineConfigBase(StrictModel):
         """Where the engine is and what it serves, in words (``presto validate``)."""
         raise NotImplementedError
 
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
-        """The engine's replicas, ready to use (``index``: its place in ``engines:``, for
-        error messages); their owner closes them."""
+    def opener(self, index: int) -> ReplicaOpener:
+        """How the engine's replicas are opened, as a plain object (``index``: its place in
+        ``engines:``, for error messages)."""
         raise NotImplementedError
 
     def probes(self) -> bool:
         """Whether the replicas are probed before the job (a served engine)."""
         return False
+
+    def server(self) -> EmbeddedServer | None:
+        """An embedded server to start for this engine before it opens (none by default)."""
+        return None
+
+    def planned(self, index: int) -> PlannedEngine:
+        """The engine as the plan holds it: plain data, its opener included."""
+        return PlannedEngine(
+            name=str(self.name),
+            kind=str(getattr(self, "kind", "")),
+            max_concurrency=self.max_concurrency,
+            eos_token_id=self.resolved_eos_token_id(),
+            takes_text=self.takes_text,
+            probes=self.probes(),
+            description=self.describe(),
+            opener=self.opener(index),
+            server=self.server(),
+        )
 
 
 class HttpEngineConfig(EngineConfigBase):
@@ -222,18 +244,7 @@ class HttpEngineConfig(EngineConfigBase):
     def probes(self) -> bool:
         return self.probe
 
-    def _api_key(self, index: int) -> str | None:
-        if self.api_key_env is None:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"engines[{index}].api_key_env: environment variable {self.api_key_env} is not "
-                f"set; export {self.api_key_env}=... before running"
-            )
-        return key
-
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+    def opener(self, index: int) -> HttpOpener:
         spec = EngineSpec(
             kind=self.kind,
             base_urls=self.urls,
@@ -245,10 +256,34 @@ class HttpEngineConfig(EngineConfigBase):
             connect_timeout_s=self.connect_timeout_s,
             max_retries=self.max_retries,
             restart_window_s=self.restart_window_s,
-            api_key=self._api_key(index),
             name=str(self.name),
             vocab_size=self.vocab_size,
         )
+        return HttpOpener(spec, self.api_key_env, index)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpOpener:
+    """Opens one HTTP engine per replica URL; the API key is read from the environment only
+    then (a config names the variable, never the key)."""
+
+    spec: EngineSpec
+    api_key_env: str | None
+    index: int
+
+    def _api_key(self) -> str | None:
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"engines[{self.index}].api_key_env: environment variable {self.api_key_env} "
+                f"is not set; export {self.api_key_env}=... before running"
+            )
+        return key
+
+    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
+        spec = dataclasses.replace(self.spec, api_key=self._api_key())
         return [create_engine(spec, i) for i in range(len(spec.base_urls))]
 
 
@@ -283,17 +318,34 @@ class EmbeddedEngineConfig(EngineConfigBase):
     def probes(self) -> bool:
         return self.probe
 
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
-        name = str(self.name)
-        if name not in embedded_urls:
-            raise ConfigError(f"engine {name}: the embedded server was not started")
+    def server(self) -> EmbeddedServer:
+        return EmbeddedServer(self.port, self.dtype, self.startup_timeout_s)
+
+    def opener(self, index: int) -> EmbeddedOpener:
+        return EmbeddedOpener(
+            str(self.name), self.top_k, self.max_concurrency, self.request_timeout_s
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedOpener:
+    """Opens the vLLM-dialect engine of an embedded server started for the job."""
+
+    name: str
+    top_k: int
+    max_concurrency: int
+    request_timeout_s: float
+
+    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
+        if self.name not in embedded_urls:
+            raise ConfigError(f"engine {self.name}: the embedded server was not started")
         spec = EngineSpec(
             kind="vllm",
-            base_urls=(embedded_urls[name],),
+            base_urls=(embedded_urls[self.name],),
             top_k=self.top_k,
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
-            name=name,
+            name=self.name,
         )
         return [create_engine(spec, 0)]
 
@@ -326,14 +378,40 @@ class ReferenceEngineConfig(EngineConfigBase):
     def describe(self) -> str:
         return f"in-process reference model; vocab={self.vocab_size} top_k={self.top_k}"
 
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+    def opener(self, index: int) -> ReferenceOpener:
+        return ReferenceOpener(
+            str(self.name),
+            self.vocab_size,
+            self.model_seed,
+            self.logit_scale,
+            self.eos_token_id,
+            self.top_k,
+            self.latency_s,
+            self.token_latency_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceOpener:
+    """Makes the in-process reference engine (one replica)."""
+
+    name: str
+    vocab_size: int
+    model_seed: int
+    logit_scale: float
+    eos_token_id: int | None
+    top_k: int | None
+    latency_s: float
+    token_latency_s: float
+
+    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
         model = ReferenceModel(
             self.vocab_size,
             seed=self.model_seed,
             logit_scale=self.logit_scale,
             eos_token_id=self.eos_token_id,
         )
-        engine: Any = ReferenceEngine(model, top_k=self.top_k, name=str(self.name))
+        engine: Any = ReferenceEngine(model, top_k=self.top_k, name=self.name)
         if self.latency_s or self.token_latency_s:
             engine = SimulatedLatencyEngine(engine, self.latency_s, self.token_latency_s)
         return [engine]

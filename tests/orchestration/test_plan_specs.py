@@ -6,7 +6,7 @@ from pathlib import Path
 
 from presto_client.core.settings import SamplerConfig
 from presto_client.orchestration.loading import validate_job_config
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 
 def test_the_plan_holds_each_engines_sampler_and_each_chains_size(tmp_path: Path) -> None:
@@ -21,7 +21,7 @@ def test_the_plan_holds_each_engines_sampler_and_each_chains_size(tmp_path: Path
             "output_dir": str(tmp_path / "run"),
         }
     )
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     assert all(type(s) is SamplerConfig for s in plan.samplers.values())
     assert plan.samplers["ref"].eos_token_id == 3
     assert plan.samplers["embedded"].eos_token_id == 2  # the embedded model's own EOS
