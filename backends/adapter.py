@@ -1,11 +1,12 @@
 """The adapter contract: one serving dialect as *pure* functions.
 
 An adapter is a set of request builders (plain objects in, an :class:`HttpCall` out) and
-response parsers (a decoded JSON body in, a :class:`~backends.parsing.TokenLogprobs` out, built
-with the toolkit of :mod:`backends.parsing`). It never opens a socket;
+response parsers (a decoded JSON body in, a
+:class:`~presto_client.core.scoring.TokenLogprobs` out, built with the toolkit of
+:mod:`backends.parsing`). It never opens a socket;
 :class:`~backends.http_engine.HttpEngine` sends what it builds over the shared
 :class:`~backends.transport.Transport` and turns what it parses into scores
-(:mod:`backends.scoring`).
+(:mod:`presto_client.core.scoring`).
 """
 
 from __future__ import annotations

@@ -23,12 +23,6 @@ from backends.metrics import prefix_cache_metrics
 from backends.parsing import TokenLogprobs, check_token_ids
 from backends.pool import Pool
 from backends.retry import Sleep
-from backends.scoring import (
-    exact_from_full_rows,
-    exact_from_normalisers,
-    scored_from_raw,
-    scored_from_scaled,
-)
 from backends.spec import Capabilities, EngineSpec, ProbeReport
 from backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
@@ -40,6 +34,12 @@ from presto_client.core.engine_protocol import (
     ScoreSpec,
 )
 from presto_client.core.logprob_math import scores_from_topk
+from presto_client.core.scoring import (
+    exact_from_full_rows,
+    exact_from_normalisers,
+    scored_from_raw,
+    scored_from_scaled,
+)
 from presto_client.errors import (
     EngineError,
     EngineRequestError,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -18,60 +17,14 @@ from typing import Any
 import numpy as np
 
 from presto_client.core.engine_protocol import FloatArray, IntArray
+from presto_client.core.scoring import TokenLogprobs
 from presto_client.errors import InvalidResponseError
 
 # vLLM writes -inf as -9999.0 (OpenAI's convention); SGLang clamps it to float32's minimum.
 SENTINEL_THRESHOLD = -9999.0
 FLOAT32_MIN = -3.4028234663852886e38
 
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    """Per-token logprobs as an engine returned them, normalised (one row per token).
-
-    ``logprobs`` is what the engine returned for each token (raw or scaled: see the adapter's
-    semantics); ``top_ids``/``top_logprobs`` are the returned top-K, deduplicated by id, sorted
-    by decreasing logprob, cut to K and padded with ``-1``/``-inf``.
-    """
-
-    token_ids: IntArray
-    logprobs: FloatArray
-    top_ids: IntArray
-    top_logprobs: FloatArray
-
-    def __len__(self) -> int:
-        return int(self.token_ids.shape[0])
-
-    @classmethod
-    def empty(cls, k: int) -> TokenLogprobs:
-        return cls(
-            np.zeros(0, dtype=np.int64),
-            np.zeros(0),
-            np.zeros((0, k), dtype=np.int64),
-            np.zeros((0, k)),
-        )
-
-    def concat(self, other: TokenLogprobs) -> TokenLogprobs:
-        k = max(self.top_ids.shape[1], other.top_ids.shape[1])
-        a, b = self.padded(k), other.padded(k)
-        return TokenLogprobs(
-            np.concatenate([a.token_ids, b.token_ids]),
-            np.concatenate([a.logprobs, b.logprobs]),
-            np.concatenate([a.top_ids, b.top_ids]),
-            np.concatenate([a.top_logprobs, b.top_logprobs]),
-        )
-
-    def padded(self, k: int) -> TokenLogprobs:
-        have = self.top_ids.shape[1]
-        if have >= k:
-            return self
-        n = len(self)
-        return TokenLogprobs(
-            self.token_ids,
-            self.logprobs,
-            np.concatenate([self.top_ids, np.full((n, k - have), -1, dtype=np.int64)], axis=1),
-            np.concatenate([self.top_logprobs, np.full((n, k - have), -np.inf)], axis=1),
-        )
+__all__ = ["TokenLogprobs"]  # (the record is the core's; the parsers build it)
 
 
 def logprob_value(value: Any, *, label: str, what: str) -> float:

@@ -298,9 +298,9 @@ def _load(args: argparse.Namespace) -> Any:
 def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
     from presto_client.orchestration.job import run_job
 
-    sampler = plan.config.sampler
+    settings = plan.settings
     progress = ProgressBar(
-        _progress_mode(args), per_chain=sampler.num_blocks * sampler.steps_per_block
+        _progress_mode(args), per_chain=settings.num_blocks * settings.steps_per_block
     )
     state: dict[str, int] = {}
     received: dict[str, int] = {}
@@ -363,11 +363,12 @@ def _exit_status(result: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.orchestration.loading import load_prompts
     from presto_client.orchestration.plan import make_plan
     from presto_client.reporting.tables import format_summary_table
 
     cfg = _load(args)
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, load_prompts(cfg))
     result = _execute(args, plan, out)
     print(format_summary_table(result.summary), file=out)
     print(file=out)
@@ -376,12 +377,16 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.orchestration.loading import load_prompts
     from presto_client.orchestration.rundir import RunDir
     from presto_client.reporting.compare import check_baseline, compare_plan, format_comparison
 
     cfg = _load(args)
     plan = compare_plan(
-        cfg, engines=_split_list(args.engines), traversals=_split_list(args.traversals)
+        cfg,
+        load_prompts(cfg),
+        engines=_split_list(args.engines),
+        traversals=_split_list(args.traversals),
     )
     check_baseline(plan.arms, args.baseline)
     result = _execute(args, plan, out)
@@ -438,20 +443,21 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.orchestration.loading import load_prompts
     from presto_client.orchestration.plan import describe_plan, make_plan
     from presto_client.orchestration.rundir import RunDir
 
     cfg = _load(args)
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, load_prompts(cfg))
     # the same check as `presto run` (a directory run would refuse is an error here too)
     finished = RunDir(plan.output_dir).check_resumable(plan.fingerprint)
     done = {c.chain_id for c in plan.chains} & set(finished)
     print(f"{args.config}: valid", file=out)
-    print(describe_plan(plan, finished=len(done)), file=out)
+    print(describe_plan(cfg, plan, finished=len(done)), file=out)
     if args.probe:
         from presto_client.orchestration.engines import probe_job
 
-        lines = probe_job(cfg, plan)
+        lines = probe_job(plan)
         print("probe:", file=out)
         print("\n".join(lines), file=out)
     return EXIT_OK

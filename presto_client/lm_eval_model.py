@@ -72,11 +72,11 @@ def generate_texts(
     # lm-eval scores the answers itself: no grader, one chain per request
     job = cfg.model_copy(update={"output_dir": out, "chains_per_prompt": 1, "grader": None})
     prompts = [Prompt(i, text=c) for i, c in enumerate(contexts)]
-    plan = make_plan(job, traversals=[arm_traversal], prompts=prompts)
+    plan = make_plan(job, prompts, traversals=[arm_traversal])
     engines = {a.engine for a in plan.arms}
     if len(engines) > 1:  # one response per request: the first engine answers
         first = cfg.engine_names()[0]
-        plan = make_plan(job, engines=[first], traversals=[arm_traversal], prompts=prompts)
+        plan = make_plan(job, prompts, engines=[first], traversals=[arm_traversal])
     result = run_job(plan)
     texts: dict[int, str] = {}
     for row in RunDir(result.run_dir).samples():

@@ -13,7 +13,6 @@ Reading a YAML file, ``--set`` overrides and error messages with field paths:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,22 +29,27 @@ from presto_client.core.methods import arm_traversal_names, get_method
 from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
 from presto_client.orchestration.engine_config import (
     ENGINE_TAGS,
-    LOCAL_KINDS,
     EmbeddedEngineConfig,
     EngineConfig,
+    EngineConfigBase,
     HttpEngineConfig,
     ReferenceEngineConfig,
     StrictModel,
+    engine_config_type,
     engine_kinds,
     http_kinds,
+    local_kinds,
+    on_engine_kind_registered,
+    register_engine_kind,
 )
 from presto_client.orchestration.grading import GraderConfig
+from presto_client.orchestration.planned import Prompt
 
 __all__ = [
     "ENGINE_TAGS",
-    "LOCAL_KINDS",
     "EmbeddedEngineConfig",
     "EngineConfig",
+    "EngineConfigBase",
     "HttpEngineConfig",
     "JobConfig",
     "Prompt",
@@ -54,6 +58,8 @@ __all__ = [
     "SamplerSettings",
     "engine_kinds",
     "http_kinds",
+    "local_kinds",
+    "register_engine_kind",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -118,16 +124,6 @@ class PromptsConfig(StrictModel):
         if self.system_prompt is not None and not self.chat_template:
             raise ValueError("system_prompt needs chat_template: true")
         return self
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """One prompt: its text (to be tokenized by the engine) or its token ids."""
-
-    index: int
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    answer: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,3 +448,13 @@ class JobConfig(StrictModel):
         if self.max_failed_chains is not None:
             return self.max_failed_chains
         return max(1, num_chains // 10)
+
+
+def _rebuild_engines() -> None:
+    """The ``engines`` union again from the engine kinds' registry (a kind registered after
+    this module was imported is then valid, and listed in errors)."""
+    JobConfig.model_fields["engines"].annotation = list[engine_config_type()]  # type: ignore[misc]
+    JobConfig.model_rebuild(force=True)
+
+
+on_engine_kind_registered(_rebuild_engines)

@@ -1,17 +1,26 @@
-"""The engines of a job config: one pydantic class per kind of engine.
+"""The engines of a job config: one pydantic class per kind of engine, and their registry.
 
-Each class knows how to open its replicas (:meth:`open_replicas`), describe itself
-(:meth:`describe`), name what it serves in a run's fingerprint (:meth:`fingerprint_model`), and
-whether it takes text prompts (:attr:`takes_text`), so nothing else switches on engine kinds.
+HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows);
+every other kind is a class of its own registered by its ``kind`` with
+:func:`register_engine_kind` (the embedded server and the reference model below; a new in-process
+kind is one file that defines its class and registers it). The job config's ``engines`` union is
+built from this registry, so a config error still names the field path and lists valid kinds.
+
+Each class knows how its replicas are opened (:meth:`opener`: a plain object the plan holds, so
+nothing below the plan sees these models), how to describe itself (:meth:`describe`), what it
+serves in a run's fingerprint (:meth:`fingerprint_model`), and whether it takes text prompts
+(:attr:`takes_text`), so nothing else switches on engine kinds.
 HTTP kinds are the backends' registry (:mod:`backends.registry`), never restated here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import typing
-from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, Union
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -30,16 +39,24 @@ from backends.spec import EngineSpec
 from presto_client import defaults
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
 from presto_client.errors import ConfigError
+from presto_client.orchestration.planned import EmbeddedServer, PlannedEngine, ReplicaOpener
 from presto_client.urls import redact_url, split_userinfo
 
-LOCAL_KINDS: tuple[str, ...] = ("embedded", "reference")
-"""Engine kinds that are not HTTP backends: the embedded CPU server and the reference model."""
+HTTP_TAG = "http"
+"""The union tag of :class:`HttpEngineConfig` (every kind the backends' registry knows)."""
+
+
+def local_kinds() -> tuple[str, ...]:
+    """Engine kinds that are not HTTP backends, in registration order (:func:`register_engine_kind`:
+    the embedded CPU server, the reference model, then any registered later)."""
+    return tuple(k for k in ENGINE_TAGS if k != HTTP_TAG)
 
 
 def http_kinds() -> tuple[str, ...]:
     """The HTTP engine kinds: the backends' registry (built-ins first, then registered ones and
     the entry points of ``presto_client.backends``), never restated here."""
-    names = [k for k in available_backends() if k not in LOCAL_KINDS]
+    local = local_kinds()
+    names = [k for k in available_backends() if k not in local]
     return (
         *[k for k in BUILTIN_BACKENDS if k in names],
         *[k for k in names if k not in BUILTIN_BACKENDS],
@@ -48,7 +65,7 @@ def http_kinds() -> tuple[str, ...]:
 
 def engine_kinds() -> tuple[str, ...]:
     """Every valid ``kind`` of an engine in a job config."""
-    return (*http_kinds(), *LOCAL_KINDS)
+    return (*http_kinds(), *local_kinds())
 
 
 def _numeric(annotation: Any) -> bool:
@@ -78,7 +95,10 @@ class StrictModel(BaseModel):
 # --------------------------------------------------------------------------------------------
 
 
-class _EngineCommon(StrictModel):
+class EngineConfigBase(StrictModel):
+    """What every engine config has (a name, its concurrency, its EOS) and does: a registered
+    kind subclasses it with ``kind: Literal["NAME"]`` and the methods below."""
+
     name: str | None = Field(
         None,
         description="Display name of the engine, used in arm ids and tables; unique per job. "
@@ -119,17 +139,35 @@ class _EngineCommon(StrictModel):
         """Where the engine is and what it serves, in words (``presto validate``)."""
         raise NotImplementedError
 
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
-        """The engine's replicas, ready to use (``index``: its place in ``engines:``, for
-        error messages); their owner closes them."""
+    def opener(self, index: int) -> ReplicaOpener:
+        """How the engine's replicas are opened, as a plain object (``index``: its place in
+        ``engines:``, for error messages)."""
         raise NotImplementedError
 
     def probes(self) -> bool:
         """Whether the replicas are probed before the job (a served engine)."""
         return False
 
+    def server(self) -> EmbeddedServer | None:
+        """An embedded server to start for this engine before it opens (none by default)."""
+        return None
 
-class HttpEngineConfig(_EngineCommon):
+    def planned(self, index: int) -> PlannedEngine:
+        """The engine as the plan holds it: plain data, its opener included."""
+        return PlannedEngine(
+            name=str(self.name),
+            kind=str(getattr(self, "kind", "")),
+            max_concurrency=self.max_concurrency,
+            eos_token_id=self.resolved_eos_token_id(),
+            takes_text=self.takes_text,
+            probes=self.probes(),
+            description=self.describe(),
+            opener=self.opener(index),
+            server=self.server(),
+        )
+
+
+class HttpEngineConfig(EngineConfigBase):
     """A running vLLM / SGLang / OpenAI-compatible server (one or several replicas)."""
 
     kind: str = Field(
@@ -246,18 +284,7 @@ class HttpEngineConfig(_EngineCommon):
     def probes(self) -> bool:
         return self.probe
 
-    def _api_key(self, index: int) -> str | None:
-        if self.api_key_env is None:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"engines[{index}].api_key_env: environment variable {self.api_key_env} is not "
-                f"set; export {self.api_key_env}=... before running"
-            )
-        return key
-
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+    def opener(self, index: int) -> HttpOpener:
         spec = EngineSpec(
             kind=self.kind,
             base_urls=self.urls,
@@ -271,14 +298,38 @@ class HttpEngineConfig(_EngineCommon):
             max_response_mb=self.max_response_mb,
             max_retries=self.max_retries,
             restart_window_s=self.restart_window_s,
-            api_key=self._api_key(index),
             name=str(self.name),
             vocab_size=self.vocab_size,
         )
+        return HttpOpener(spec, self.api_key_env, index)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpOpener:
+    """Opens one HTTP engine per replica URL; the API key is read from the environment only
+    then (a config names the variable, never the key)."""
+
+    spec: EngineSpec
+    api_key_env: str | None
+    index: int
+
+    def _api_key(self) -> str | None:
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"engines[{self.index}].api_key_env: environment variable {self.api_key_env} "
+                f"is not set; export {self.api_key_env}=... before running"
+            )
+        return key
+
+    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
+        spec = dataclasses.replace(self.spec, api_key=self._api_key())
         return [create_engine(spec, i) for i in range(len(spec.base_urls))]
 
 
-class EmbeddedEngineConfig(_EngineCommon):
+class EmbeddedEngineConfig(EngineConfigBase):
     """The embedded CPU server (SmolLM2-135M, vLLM dialect on loopback), started by presto."""
 
     kind: Literal["embedded"] = Field(description="The embedded CPU engine ('embedded').")
@@ -312,23 +363,40 @@ class EmbeddedEngineConfig(_EngineCommon):
     def probes(self) -> bool:
         return self.probe
 
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
-        name = str(self.name)
-        if name not in embedded_urls:
-            raise ConfigError(f"engine {name}: the embedded server was not started")
+    def server(self) -> EmbeddedServer:
+        return EmbeddedServer(self.port, self.dtype, self.startup_timeout_s)
+
+    def opener(self, index: int) -> EmbeddedOpener:
+        return EmbeddedOpener(
+            str(self.name), self.top_k, self.max_concurrency, self.request_timeout_s
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedOpener:
+    """Opens the vLLM-dialect engine of an embedded server started for the job."""
+
+    name: str
+    top_k: int
+    max_concurrency: int
+    request_timeout_s: float
+
+    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
+        if self.name not in embedded_urls:
+            raise ConfigError(f"engine {self.name}: the embedded server was not started")
         spec = EngineSpec(
             kind="vllm",
-            base_urls=(embedded_urls[name],),
+            base_urls=(embedded_urls[self.name],),
             top_k=self.top_k,
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
-            name=name,
+            name=self.name,
             vocab_size=defaults.EMBEDDED_VOCAB_SIZE,
         )
         return [create_engine(spec, 0)]
 
 
-class ReferenceEngineConfig(_EngineCommon):
+class ReferenceEngineConfig(EngineConfigBase):
     """The exact in-process reference model: no server, runs in seconds (tests, demos)."""
 
     kind: Literal["reference"] = Field(description="The in-process reference model.")
@@ -360,39 +428,118 @@ class ReferenceEngineConfig(_EngineCommon):
     def describe(self) -> str:
         return f"in-process reference model; vocab={self.vocab_size} top_k={self.top_k}"
 
-    def open_replicas(self, index: int, embedded_urls: Mapping[str, str]) -> list[Any]:
+    def opener(self, index: int) -> ReferenceOpener:
+        return ReferenceOpener(
+            str(self.name),
+            self.vocab_size,
+            self.model_seed,
+            self.logit_scale,
+            self.eos_token_id,
+            self.top_k,
+            self.latency_s,
+            self.token_latency_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceOpener:
+    """Makes the in-process reference engine (one replica)."""
+
+    name: str
+    vocab_size: int
+    model_seed: int
+    logit_scale: float
+    eos_token_id: int | None
+    top_k: int | None
+    latency_s: float
+    token_latency_s: float
+
+    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
         model = ReferenceModel(
             self.vocab_size,
             seed=self.model_seed,
             logit_scale=self.logit_scale,
             eos_token_id=self.eos_token_id,
         )
-        engine: Any = ReferenceEngine(model, top_k=self.top_k, name=str(self.name))
+        engine: Any = ReferenceEngine(model, top_k=self.top_k, name=self.name)
         if self.latency_s or self.token_latency_s:
             engine = SimulatedLatencyEngine(engine, self.latency_s, self.token_latency_s)
         return [engine]
 
 
 def _engine_tag(value: Any) -> str | None:
-    """Which config class an engine entry is: its local kind, or ``http`` for any other kind
-    (checked against the backends' registry by :class:`HttpEngineConfig`)."""
+    """Which config class an engine entry is: its registered local kind, or ``http`` for any
+    other kind (checked against the backends' registry by :class:`HttpEngineConfig`)."""
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     if kind is None:
         return None
-    return kind if kind in LOCAL_KINDS else "http"
+    return kind if kind in ENGINE_TAGS and kind != HTTP_TAG else HTTP_TAG
 
 
-ENGINE_TAGS: dict[str, type[BaseModel]] = {
-    "http": HttpEngineConfig,
-    "embedded": EmbeddedEngineConfig,
-    "reference": ReferenceEngineConfig,
-}
+ENGINE_TAGS: dict[str, type[EngineConfigBase]] = {HTTP_TAG: HttpEngineConfig}
+"""The registry: union tag -> engine config class (``http``, then each local kind)."""
 
-EngineConfig = Annotated[
-    Union[  # noqa: UP007
-        Annotated[HttpEngineConfig, Tag("http")],
-        Annotated[EmbeddedEngineConfig, Tag("embedded")],
-        Annotated[ReferenceEngineConfig, Tag("reference")],
-    ],
-    Discriminator(_engine_tag),
-]
+_REGISTERED_HOOKS: list[Callable[[], None]] = []
+
+E = TypeVar("E", bound=type[EngineConfigBase])
+
+
+def _declared_kind(cls: type[EngineConfigBase]) -> str:
+    field = cls.model_fields.get("kind")
+    args = typing.get_args(field.annotation) if field is not None else ()
+    if (
+        field is None
+        or typing.get_origin(field.annotation) is not Literal
+        or len(args) != 1
+        or not isinstance(args[0], str)
+    ):
+        raise ValueError(
+            f"engine config {cls.__name__}: declare its kind as kind: Literal['NAME'] "
+            "(one name, the one a config gives)"
+        )
+    return args[0]
+
+
+def register_engine_kind(cls: E) -> E:
+    """Register an engine config class by its ``kind`` (usable as a class decorator).
+
+    A taken kind (a registered class, an HTTP backend, or ``http``) is refused; the job
+    config's ``engines`` are validated against the new registry from then on."""
+    if not (isinstance(cls, type) and issubclass(cls, EngineConfigBase)):
+        raise ValueError(
+            f"{cls!r} is not an engine config class (subclass "
+            "presto_client.orchestration.engine_config.EngineConfigBase)"
+        )
+    kind = _declared_kind(cls)
+    if not kind or any(c in kind for c in "/\\ \t\n,"):
+        raise ValueError(f"engine kind {kind!r} must be non-empty without '/', ',' or spaces")
+    if kind in ENGINE_TAGS:
+        raise ValueError(
+            f"engine kind {kind!r} is already registered (by {ENGINE_TAGS[kind].__name__}); "
+            "choose another kind"
+        )
+    if kind in available_backends():
+        raise ValueError(f"engine kind {kind!r} is already an HTTP backend; choose another kind")
+    ENGINE_TAGS[kind] = cls
+    for hook in _REGISTERED_HOOKS:
+        hook()
+    return cls
+
+
+def on_engine_kind_registered(hook: Callable[[], None]) -> None:
+    """Call ``hook`` after every registration (the job config rebuilds its ``engines`` union)."""
+    _REGISTERED_HOOKS.append(hook)
+
+
+def engine_config_type() -> Any:
+    """The discriminated union of every registered engine config class, by tag."""
+    members = tuple(Annotated[cls, Tag(tag)] for tag, cls in ENGINE_TAGS.items())
+    return Annotated[Union[members], Discriminator(_engine_tag)]  # noqa: UP007
+
+
+register_engine_kind(EmbeddedEngineConfig)
+register_engine_kind(ReferenceEngineConfig)
+
+EngineConfig = engine_config_type()
+"""An engine entry of a job config, as the registry stood when this module was imported (the
+job config keeps its own copy up to date: :func:`on_engine_kind_registered`)."""

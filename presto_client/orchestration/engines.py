@@ -1,8 +1,10 @@
 """A job's engines, opened: every replica of every engine, probed, identified, checked.
 
-An HTTP engine is built by the backends' registry (:func:`backends.create_engine`) from an
-:class:`~backends.spec.EngineSpec`; the embedded engine is a vLLM-dialect server on loopback;
-the reference engine is the in-process model. Optional capabilities of a replica (a probe,
+Each engine of the plan (:class:`~presto_client.orchestration.planned.PlannedEngine`) opens its
+replicas through its own opener: an HTTP engine through the backends' registry
+(:func:`backends.create_engine`), the embedded engine as a vLLM-dialect server on loopback
+(started here first), the reference engine as the in-process model, a registered kind as it
+says. Optional capabilities of a replica (a probe,
 an identity, prefix-cache metrics, a context length) are read through the protocols of
 :mod:`presto_client.core.engine_protocol`.
 """
@@ -26,12 +28,7 @@ from presto_client.core.engine_protocol import (
 )
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
-from presto_client.orchestration.config import (
-    EmbeddedEngineConfig,
-    EngineConfig,
-    JobConfig,
-)
-from presto_client.orchestration.plan import JobPlan
+from presto_client.orchestration.planned import JobPlan, PlannedEngine
 from presto_client.terminal_text import server_text
 
 logger = logging.getLogger(__name__)
@@ -57,30 +54,33 @@ class OpenedEngine:
     """Whether the replicas tokenize and detokenize text."""
 
     @classmethod
-    def of(cls, e: EngineConfig, replicas: Sequence[Any], job_max_concurrency: int) -> OpenedEngine:
-        """``replicas`` of the engine configured as ``e``, each with a budget of its own sized
-        from the bounds its requests run under (the engine's and the job's)."""
+    def of(
+        cls, e: PlannedEngine, replicas: Sequence[Any], job_max_concurrency: int
+    ) -> OpenedEngine:
+        """``replicas`` of the planned engine ``e``, each with a budget of its own sized from
+        the bounds its requests run under (the engine's and the job's)."""
         capacity = min(e.max_concurrency, job_max_concurrency)
         return cls(
-            str(e.name),
+            e.name,
             e.kind,
             list(replicas),
             e.max_concurrency,
-            e.resolved_eos_token_id(),
+            e.eos_token_id,
             budgets=[SpeculationBudget(capacity) for _ in replicas],
             takes_text=e.takes_text,
         )
 
 
 def start_embedded_servers(
-    cfg: JobConfig, stack: contextlib.ExitStack, only: Sequence[str] | None = None
+    plan: JobPlan, stack: contextlib.ExitStack, only: Sequence[str] | None = None
 ) -> dict[str, str]:
-    """Start one embedded server per embedded engine; returns engine name → base URL."""
+    """Start one embedded server per engine that asks for one; returns engine name → base
+    URL."""
     urls: dict[str, str] = {}
     embedded = [
-        e
-        for e in cfg.engines
-        if isinstance(e, EmbeddedEngineConfig) and (only is None or e.name in only)
+        (e, e.server)
+        for e in plan.engines.values()
+        if e.server is not None and (only is None or e.name in only)
     ]
     if not embedded:
         return urls
@@ -91,41 +91,45 @@ def start_embedded_servers(
             f"the embedded engine is not available ({exc}); install it with "
             "pip install 'presto-client[embedded]', or point engines: at a running server"
         ) from None
-    for e in embedded:
+    for e, server in embedded:
         logger.info(
-            "starting the embedded engine %s (%s, %s)", e.name, defaults.EMBEDDED_MODEL, e.dtype
+            "starting the embedded engine %s (%s, %s)",
+            e.name,
+            defaults.EMBEDDED_MODEL,
+            server.dtype,
         )
         try:
-            urls[str(e.name)] = stack.enter_context(
-                embedded_server(e.port, dtype=e.dtype, startup_timeout_s=e.startup_timeout_s)
+            urls[e.name] = stack.enter_context(
+                embedded_server(
+                    server.port, dtype=server.dtype, startup_timeout_s=server.startup_timeout_s
+                )
             )
         except (RuntimeError, OSError) as exc:
             raise EngineUnavailableError(
-                f"the embedded engine did not start: {exc}", engine=str(e.name)
+                f"the embedded engine did not start: {exc}", engine=e.name
             ) from exc
     return urls
 
 
 async def open_engines(
-    cfg: JobConfig,
+    plan: JobPlan,
     stack: contextlib.AsyncExitStack,
     *,
     embedded_urls: Mapping[str, str] | None = None,
     only: Sequence[str] | None = None,
     probe: bool = True,
 ) -> dict[str, OpenedEngine]:
-    """Create every engine (all replicas) of ``cfg``; closed when ``stack`` closes."""
+    """Create every engine (all replicas) of ``plan``; closed when ``stack`` closes."""
     embedded_urls = embedded_urls or {}
     opened: dict[str, OpenedEngine] = {}
-    for index, e in enumerate(cfg.engines):
-        name = str(e.name)
+    for name, e in plan.engines.items():
         if only is not None and name not in only:
             continue
-        replicas = e.open_replicas(index, embedded_urls)
+        replicas = e.opener.open_replicas(embedded_urls)
         for r in replicas:
             stack.push_async_callback(r.aclose)
-        handle = OpenedEngine.of(e, replicas, cfg.max_concurrency)
-        if probe and e.probes():
+        handle = OpenedEngine.of(e, replicas, plan.settings.max_concurrency)
+        if probe and e.probes:
             handle.probes = await probe_engine(handle)
         opened[name] = handle
     return opened
@@ -186,7 +190,7 @@ def check_lengths(
 ) -> None:
     """Refuse a response that cannot fit the server's context: the longest prompt (token ids
     per engine, when known) plus ``block_size × num_blocks`` against ``max_model_len``."""
-    s = plan.config.sampler
+    s = plan.settings
     response = s.block_size * s.num_blocks
     known = [len(p.token_ids) for p in plan.prompts if p.token_ids is not None]
     for name, handle in engines.items():
@@ -246,14 +250,14 @@ def describe_probe(name: str, report: Any) -> list[str]:
     return lines
 
 
-def probe_job(cfg: JobConfig, plan: JobPlan) -> list[str]:
+def probe_job(plan: JobPlan) -> list[str]:
     """Open and probe every engine of the job (starting embedded servers), check the context
     lengths, and describe what answered; blocking (``presto validate --probe``)."""
 
     async def probe_all(urls: Mapping[str, str]) -> list[str]:
         lines: list[str] = []
         async with contextlib.AsyncExitStack() as astack:
-            engines = await open_engines(cfg, astack, embedded_urls=urls, probe=True)
+            engines = await open_engines(plan, astack, embedded_urls=urls, probe=True)
             check_lengths(plan, engines)
             for name, handle in engines.items():
                 if not handle.probes:
@@ -263,5 +267,5 @@ def probe_job(cfg: JobConfig, plan: JobPlan) -> list[str]:
         return lines
 
     with contextlib.ExitStack() as stack:
-        urls = start_embedded_servers(cfg, stack)
+        urls = start_embedded_servers(plan, stack)
         return asyncio.run(probe_all(urls))

@@ -1,12 +1,12 @@
 """A planned job, run (or resumed) into its run directory, then summarised.
 
-The faces layer (the CLI, or a Python caller) hands a validated
-:class:`~presto_client.orchestration.config.JobConfig` to
-:func:`~presto_client.orchestration.plan.make_plan` and the plan to :func:`run_job` (blocking)
-or :func:`run_job_async`. The engines are opened by :mod:`presto_client.orchestration.engines`,
-the chains run by the :class:`~presto_client.orchestration.orchestrator.Orchestrator`, every
-round and finished chain written by :class:`RunDirSink`, and the summary by
-:mod:`presto_client.orchestration.summary`.
+The faces layer (the CLI, or a Python caller) hands a validated job config and its prompts to
+:func:`~presto_client.orchestration.plan.make_plan` and the plan (plain frozen data,
+:mod:`~presto_client.orchestration.planned`) to :func:`run_job` (blocking) or
+:func:`run_job_async`; nothing here sees the config's models. The engines are opened by
+:mod:`presto_client.orchestration.engines`, the chains run by the
+:class:`~presto_client.orchestration.orchestrator.Orchestrator`, every round and finished chain
+written by :class:`RunDirSink`, and the summary by :mod:`presto_client.orchestration.summary`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from presto_client.orchestration.engines import (
     read_prefix_cache_counters,
     start_embedded_servers,
 )
-from presto_client.orchestration.loading import redacted_dump
 from presto_client.orchestration.orchestrator import (
     ChainOutcome,
     ChainSink,
@@ -44,7 +43,7 @@ from presto_client.orchestration.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.plan import JobPlan, PlannedChain
+from presto_client.orchestration.planned import JobPlan, PlannedChain
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
@@ -137,7 +136,7 @@ async def _tokenized_prompts(
     plan: JobPlan, engines: Mapping[str, OpenedEngine]
 ) -> dict[str, list[tuple[int, ...]]]:
     """Prompt ids per engine (text prompts are tokenized by each engine's own tokenizer)."""
-    cfg = plan.config
+    settings = plan.settings
     out: dict[str, list[tuple[int, ...]]] = {}
     for name, handle in engines.items():
         ids: list[tuple[int, ...]] = []
@@ -150,8 +149,8 @@ async def _tokenized_prompts(
                     await encode(
                         handle.replicas[0],
                         p.text,
-                        chat_template=cfg.prompts.chat_template,
-                        system_prompt=cfg.prompts.system_prompt,
+                        chat_template=settings.chat_template,
+                        system_prompt=settings.system_prompt,
                     )
                 )
         out[name] = ids
@@ -160,7 +159,7 @@ async def _tokenized_prompts(
 
 def write_summary(run: RunDir, plan: JobPlan) -> dict[str, Any]:
     summary = summarize(
-        run.samples(), run.metrics(), job=plan.config.name, engine_order=plan.config.engine_names()
+        run.samples(), run.metrics(), job=plan.settings.name, engine_order=list(plan.engines)
     )
     run.write_summary(summary, summary_rows(summary))
     return summary
@@ -181,12 +180,11 @@ async def run_job_async(
     callers). ``on_start(total, finished)`` is called once the run directory is open.
     Cancellation stops every chain and is re-raised, with the summary of what finished written.
     """
-    cfg = plan.config
     start = time.perf_counter()
     run = RunDir(plan.output_dir)
     finished = run.open(
         fingerprint=plan.fingerprint,
-        resolved_config=redacted_dump(cfg),
+        resolved_config=plan.settings.resolved_config,
         chains=[c.as_dict() for c in plan.chains],
     )
     todo = [c for c in plan.chains if c.chain_id not in finished]
@@ -229,12 +227,12 @@ async def _run_chains(
     sinks: Sequence[ChainSink],
     probe: bool,
 ) -> OrchestratorResult:
-    cfg = plan.config
+    settings = plan.settings
     async with contextlib.AsyncExitStack() as stack:
         used = {c.arm.engine for c in todo}
         overrides = dict(engine_overrides or {})
         engines = await open_engines(
-            cfg,
+            plan,
             stack,
             embedded_urls=embedded_urls,
             only=[n for n in used if n not in overrides],
@@ -242,8 +240,9 @@ async def _run_chains(
         )
         for name, replicas in overrides.items():
             if name in used:
-                e = next(x for x in cfg.engines if x.name == name)
-                engines[name] = OpenedEngine.of(e, replicas, cfg.max_concurrency)
+                engines[name] = OpenedEngine.of(
+                    plan.engines[name], replicas, settings.max_concurrency
+                )
         run.record_engine_identity(await engine_identities(engines))
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
@@ -254,7 +253,7 @@ async def _run_chains(
                 arm=c.arm.arm,
                 engine=c.arm.engine,
                 traversal=c.arm.traversal,
-                sampler=plan.samplers[c.arm.engine],
+                sampler=c.sampler or plan.samplers[c.arm.engine],
                 prompt_index=c.prompt_index,
                 chain_index=c.chain_index,
                 seed=c.seed,
@@ -266,7 +265,7 @@ async def _run_chains(
         ]
 
         try:
-            grader = make_chain_grader(cfg.grader, {p.index: p.answer for p in plan.prompts})
+            grader = make_chain_grader(settings.grader, {p.index: p.answer for p in plan.prompts})
         except ValueError as exc:
             raise ConfigError(f"grader: {exc}") from None
 
@@ -280,10 +279,10 @@ async def _run_chains(
                 n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets)
                 for n, h in engines.items()
             },
-            max_concurrency=cfg.max_concurrency,
-            max_active_chains=cfg.max_active_chains,
-            max_failed_chains=cfg.failure_budget(len(plan.chains)),
-            sinks=[RunDirSink(run, cfg.sampler.sampler, grader), *sinks],
+            max_concurrency=settings.max_concurrency,
+            max_active_chains=settings.max_active_chains,
+            max_failed_chains=settings.failure_budget,
+            sinks=[RunDirSink(run, settings.sampler_name, grader), *sinks],
             finish=add_text,
         )
         before = {n: await read_prefix_cache_counters(h) for n, h in engines.items()}
@@ -344,7 +343,7 @@ def run_job(plan: JobPlan, **kwargs: Any) -> JobResult:
     """Blocking :func:`run_job_async`, starting (and stopping) embedded servers around it."""
     check_output_dir(plan.output_dir)  # a config error before any engine starts
     with contextlib.ExitStack() as stack:
-        urls = start_embedded_servers(plan.config, stack, only=pending_engines(plan))
+        urls = start_embedded_servers(plan, stack, only=pending_engines(plan))
         factory = event_loop_factory()
         logger.debug("event loop: %s", "uvloop" if factory is not None else "asyncio")
         with asyncio.Runner(loop_factory=factory) as runner:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import JobConfig
+from presto_client.orchestration.config import JobConfig, Prompt
 from presto_client.orchestration.plan import Arm, JobPlan, make_plan
 from presto_client.orchestration.rundir import latest_by_chain
 from presto_client.orchestration.summary import as_number
@@ -28,12 +28,13 @@ from presto_client.reporting.tables import (
 
 def compare_plan(
     cfg: JobConfig,
+    prompts: Sequence[Prompt],
     *,
     engines: Sequence[str] | None = None,
     traversals: Sequence[str] | None = None,
 ) -> JobPlan:
     """The plan of a comparison; at least two arms."""
-    plan = make_plan(cfg, engines=engines, traversals=traversals)
+    plan = make_plan(cfg, prompts, engines=engines, traversals=traversals)
     if len(plan.arms) < 2:
         raise ConfigError(
             f"compare needs at least two arms, the job has {len(plan.arms)} "

@@ -34,7 +34,7 @@ from presto_client.orchestration.engines import (
     open_engines,
 )
 from presto_client.orchestration.orchestrator import EnginePool, FifoSemaphore, LimitedEngine
-from presto_client.orchestration.plan import chain_seed
+from presto_client.orchestration.plan import chain_seed, make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
 
 logger = logging.getLogger(__name__)
@@ -109,11 +109,14 @@ class ServedEngine:
         ready-made engines (tests, Python callers), as ``engine_overrides`` does for a job."""
         first = cfg.engines[0]
         name = str(first.name)
+        # The service plans the engine as a job does (plain data below the config) and opens
+        # it the same way; it plans no chains: each request brings its own.
+        plan = make_plan(cfg, ())
         if replicas is not None:
-            handle = OpenedEngine.of(first, replicas, cfg.max_concurrency)
+            handle = OpenedEngine.of(plan.engines[name], replicas, cfg.max_concurrency)
         else:
             opened = await open_engines(
-                cfg, stack, embedded_urls=embedded_urls, only=[name], probe=probe
+                plan, stack, embedded_urls=embedded_urls, only=[name], probe=probe
             )
             handle = opened[name]
         identities = await engine_identities({name: handle})

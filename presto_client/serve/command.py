@@ -83,6 +83,7 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
     from presto_client.core.sampler_config import arm_traversal_names
     from presto_client.orchestration.engines import start_embedded_servers
     from presto_client.orchestration.job import event_loop_factory
+    from presto_client.orchestration.plan import make_plan
     from presto_client.serve.app import serve_until_stopped
 
     if args.traversal not in arm_traversal_names():
@@ -91,7 +92,7 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
         )
     options = options_from(args)
     with contextlib.ExitStack() as stack:
-        urls = start_embedded_servers(cfg, stack, only=[str(cfg.engines[0].name)])
+        urls = start_embedded_servers(make_plan(cfg, ()), stack, only=[str(cfg.engines[0].name)])
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(serve_until_stopped(cfg, options, urls))
     return 0

@@ -30,8 +30,8 @@ from presto_client.core.state import ChainState
 from presto_client.errors import ConfigError
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.loading import validate_job_config
-from presto_client.orchestration.plan import make_plan
 from presto_client.reporting.tables import format_summary_table
+from tests.support.plans import plan_of
 
 # ---- the extensions (each would be a file of its own)
 
@@ -114,7 +114,7 @@ async def test_a_new_traversal_and_baseline_run_as_arms_of_a_job(
 ) -> None:
     traversals = ["sequential", "one_by_one", "half_temperature"]
     cfg = validate_job_config(_job(tmp_path, {"traversals": traversals}))
-    result = await run_job_async(make_plan(cfg))
+    result = await run_job_async(plan_of(cfg))
     arms = {a["traversal"]: a for a in result.summary["arms"]}
     assert set(arms) == set(traversals)
     assert all(a["chains_ok"] == 4 for a in arms.values())
@@ -136,7 +136,7 @@ async def test_a_sampler_with_a_setting_of_its_own(extensions: None, tmp_path: P
     plain = await run_chain(engine, [1], power, traversal="crn", seed=4)
     assert gamma.token_ids == plain.token_ids  # γ = 2 at α = 2 is PowerMH at α = 4
     assert [t.log_accept for t in gamma.transitions] == [t.log_accept for t in plain.transitions]
-    result = await run_job_async(make_plan(cfg))
+    result = await run_job_async(plan_of(cfg))
     assert result.completed == 4 * len(cfg.sampler.traversals)
 
 

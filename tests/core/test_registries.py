@@ -27,7 +27,7 @@ from presto_client.core.sampler_config import (
 )
 from presto_client.core.tree import plan_crn
 from presto_client.orchestration.loading import validate_job_config
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 
 @pytest.fixture
@@ -88,4 +88,4 @@ def test_the_job_config_and_plan_accept_registered_names(extra: None, tmp_path: 
             "output_dir": str(tmp_path),
         }
     )
-    assert [a.arm for a in make_plan(cfg).arms] == ["ref/sequential", "ref/crn_again"]
+    assert [a.arm for a in plan_of(cfg).arms] == ["ref/sequential", "ref/crn_again"]

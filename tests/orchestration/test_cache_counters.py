@@ -14,7 +14,7 @@ from orch_helpers import make_config
 from presto_client.cli import main
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 
 class RestartingServer(ReferenceEngine):
@@ -45,7 +45,7 @@ async def test_counters_that_went_backwards_are_not_recorded(
     run = tmp_path / "run"
     cfg = make_config(run, sampler={"traversals": ["sequential"]})
     engine = RestartingServer([(1000.0, 900.0), (100.0, 90.0)])
-    await run_job_async(make_plan(cfg), engine_overrides={"ref": [engine]})
+    await run_job_async(plan_of(cfg), engine_overrides={"ref": [engine]})
     metrics = run / "metrics.jsonl"
     rows = (
         [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -61,7 +61,7 @@ async def test_a_negative_delta_written_by_an_older_run_is_left_out(
     run = tmp_path / "run"
     cfg = make_config(run, sampler={"traversals": ["sequential"]})
     engine = RestartingServer([(0.0, 0.0), (400.0, 100.0)])
-    await run_job_async(make_plan(cfg), engine_overrides={"ref": [engine]})
+    await run_job_async(plan_of(cfg), engine_overrides={"ref": [engine]})
     with (run / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({"session": 1, "engine": "ref", "queries": -500, "hits": -550}) + "\n")
     summary = _report(run, capsys)

@@ -53,7 +53,7 @@ async def test_a_pool_without_budgets_gets_one_per_replica_sized_from_its_bounds
 def test_the_opened_engine_owns_one_budget_per_replica() -> None:
     e = ReferenceEngineConfig(kind="reference", name="ref", max_concurrency=5)
     replicas = [ReferenceEngine(ReferenceModel(4)) for _ in range(3)]
-    opened = OpenedEngine.of(e, replicas, job_max_concurrency=64)
+    opened = OpenedEngine.of(e.planned(0), replicas, job_max_concurrency=64)
     assert len(opened.budgets) == 3 and len({id(b) for b in opened.budgets}) == 3
     assert all(b.capacity == 5 for b in opened.budgets)
 

@@ -17,7 +17,7 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.orchestration.job import JobResult, run_job_async
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 emulation = pytest.importorskip("tests.support.emulation")
 
@@ -83,7 +83,7 @@ def _last_session(run_dir: Path) -> dict[str, Any]:
 
 
 async def _rerun_finishes(run_dir: Path, base_url: str) -> None:
-    result = await asyncio.wait_for(run_job_async(make_plan(_config(run_dir, base_url))), 120)
+    result = await asyncio.wait_for(run_job_async(plan_of(_config(run_dir, base_url))), 120)
     assert result.failed == 0 and result.completed + result.skipped == 2
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert sorted(s["chain_id"] for s in samples if s["status"] == "ok") == sorted(
@@ -96,7 +96,7 @@ async def test_a_job_whose_streams_never_end_is_cancelled_at_once(
 ) -> None:
     run_dir = tmp_path / "run"
     server.faults.stall_streams = True  # the extension answers; every proposal stalls
-    job = asyncio.create_task(run_job_async(make_plan(_config(run_dir, server.base_url))))
+    job = asyncio.create_task(run_job_async(plan_of(_config(run_dir, server.base_url))))
     await _until(
         lambda: any(r["kind"] == "extend" for r in _records(run_dir)), "a chain's first call"
     )
@@ -119,7 +119,7 @@ async def test_a_job_on_a_server_gone_down_is_cancelled_at_once(
     ``/metrics`` read finds no server; neither holds the stop."""
     run_dir = tmp_path / "run"
     server.faults.delay_s = 0.02  # streams in flight long enough to be cut by the stop
-    job = asyncio.create_task(run_job_async(make_plan(_config(run_dir, server.base_url))))
+    job = asyncio.create_task(run_job_async(plan_of(_config(run_dir, server.base_url))))
     await _until(
         lambda: any(r["kind"] == "extend" for r in _records(run_dir)), "a chain's first call"
     )

@@ -1,6 +1,9 @@
 """From normalised logprobs to :class:`~presto_client.core.engine_protocol.ScoredTokens`: the one
 place where this happens for HTTP engines, for every dialect.
 
+:class:`TokenLogprobs` is the normalised record every dialect's parser returns (the backends'
+parsing toolkit builds it); the functions below turn it into scores.
+
 Raw top-K logprobs become certified ``log q`` intervals, always through
 :func:`presto_client.core.logprob_math.scores_from_topk` (the math itself); this module adds
 what an engine's answers need around it: a scaled generation's exact column, exact scores from
@@ -11,13 +14,62 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from backends.parsing import TokenLogprobs
-from presto_client.core.engine_protocol import FloatArray, ScoredTokens, ScoreSpec
+from presto_client.core.engine_protocol import FloatArray, IntArray, ScoredTokens, ScoreSpec
 from presto_client.core.logprob_math import scores_from_topk
 from presto_client.errors import ConfigError, InvalidResponseError
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Per-token logprobs as an engine returned them, normalised (one row per token).
+
+    ``logprobs`` is what the engine returned for each token (raw or scaled: see the adapter's
+    semantics); ``top_ids``/``top_logprobs`` are the returned top-K, deduplicated by id, sorted
+    by decreasing logprob, cut to K and padded with ``-1``/``-inf``.
+    """
+
+    token_ids: IntArray
+    logprobs: FloatArray
+    top_ids: IntArray
+    top_logprobs: FloatArray
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @classmethod
+    def empty(cls, k: int) -> TokenLogprobs:
+        return cls(
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0),
+            np.zeros((0, k), dtype=np.int64),
+            np.zeros((0, k)),
+        )
+
+    def concat(self, other: TokenLogprobs) -> TokenLogprobs:
+        k = max(self.top_ids.shape[1], other.top_ids.shape[1])
+        a, b = self.padded(k), other.padded(k)
+        return TokenLogprobs(
+            np.concatenate([a.token_ids, b.token_ids]),
+            np.concatenate([a.logprobs, b.logprobs]),
+            np.concatenate([a.top_ids, b.top_ids]),
+            np.concatenate([a.top_logprobs, b.top_logprobs]),
+        )
+
+    def padded(self, k: int) -> TokenLogprobs:
+        have = self.top_ids.shape[1]
+        if have >= k:
+            return self
+        n = len(self)
+        return TokenLogprobs(
+            self.token_ids,
+            self.logprobs,
+            np.concatenate([self.top_ids, np.full((n, k - have), -1, dtype=np.int64)], axis=1),
+            np.concatenate([self.top_logprobs, np.full((n, k - have), -np.inf)], axis=1),
+        )
 
 
 def _derive(
