@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from presto_client.core.methods import arm_traversal_names
+from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import (
@@ -27,6 +28,7 @@ from presto_client.orchestration.config import (
     Prompt,
 )
 from presto_client.orchestration.loading import load_prompts
+from presto_client.orchestration.predictor_file import load_predictor, predictor_fingerprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class JobPlan:
     fingerprint: dict[str, Any]
     samplers: dict[str, SamplerConfig] = field(default_factory=dict)
     """The plain sampler of each engine (its EOS differs), resolved when the plan is made."""
+    predictor: CertaintyPredictor | None = None
+    """The predictive traversal's predictor (``sampler.predictor``); ``None``: the paper's."""
 
     @property
     def output_dir(self) -> Path:
@@ -112,15 +116,19 @@ def _prompts_digest(prompts: Sequence[Prompt]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]:
+def job_fingerprint(
+    cfg: JobConfig, prompts: Sequence[Prompt], predictor: CertaintyPredictor | None = None
+) -> dict[str, Any]:
     """What defines the work of a chain: a resumed run must agree on all of it.
 
     Traversals and engines may be added to a run directory later (new arms); an engine already
-    there must keep its kind and model.
+    there must keep its kind and model. A refit predictor enters as its coefficients.
     """
-    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals"})
+    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals", "predictor"})
     if not sampler["options"]:
         del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
+    if predictor is not None:  # (absent otherwise: the fingerprint of a job without one)
+        sampler["predictor"] = predictor_fingerprint(predictor)
     engines: dict[str, Any] = {}
     for e in cfg.engines:
         engines[str(e.name)] = {
@@ -162,7 +170,16 @@ def make_plan(
                 cid = f"{arm.arm}/p{p.index:04d}/c{c:03d}"
                 size = cfg.sampler.method_size(arm.traversal)
                 chains.append(PlannedChain(cid, arm, p.index, c, seed, size))
-    return JobPlan(cfg, plist, arms, chains, job_fingerprint(cfg, plist), engine_samplers(cfg))
+    predictor = load_predictor(cfg.sampler.predictor) if cfg.sampler.predictor else None
+    return JobPlan(
+        cfg,
+        plist,
+        arms,
+        chains,
+        job_fingerprint(cfg, plist, predictor),
+        engine_samplers(cfg),
+        predictor,
+    )
 
 
 def engine_samplers(cfg: JobConfig) -> dict[str, SamplerConfig]:
