@@ -129,7 +129,9 @@ async def _run(tmp_path: Path, data: dict[str, object], name: str = "job.yaml") 
     return result.run_dir
 
 
-async def test_fit_predictor_on_a_real_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+async def test_fit_predictor_on_a_real_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = await _run(tmp_path, _job(tmp_path, ["sequential", "predictive"]))
     decisions = read_decisions(RunDir(run_dir))
     # 4 prompts x 3 chains x 2 arms, 16 decisions each (the predictive arm's chains are others)
