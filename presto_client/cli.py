@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from presto_client import cli_fit_predictor
 from presto_client.errors import ConfigError, PrestoError
 from presto_client.progress_bar import ProgressBar
 from presto_client.urls import redact_text
@@ -39,6 +40,7 @@ examples:
   presto compare configs/vllm_vs_sglang.yaml --traversals sequential,crn
   presto report runs/demo                           tables and PNG plots of a saved run
   presto validate configs/vllm.yaml --probe         check a config (and the servers)
+  presto fit-predictor runs/demo -o predictor.json refit the predictive traversal's predictor
   presto serve-embedded --port 8001                 serve the embedded engine (vLLM dialect)
 
 Rerunning `presto run` on the same output directory resumes it: finished chains are skipped.
@@ -168,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--output", "-o", metavar="DIR", help="where to write the plots")
     report.add_argument("--no-plots", action="store_true", help="tables only")
     _common(report)
+
+    cli_fit_predictor.add_parser(subs)
+    _common(subs.choices["fit-predictor"])
 
     validate = subs.add_parser(
         "validate",
@@ -489,6 +494,7 @@ _COMMANDS = {
     "compare": cmd_compare,
     "report": cmd_report,
     "validate": cmd_validate,
+    "fit-predictor": cli_fit_predictor.cmd_fit_predictor,
     "serve-embedded": cmd_serve_embedded,
 }
 

@@ -229,6 +229,12 @@ class SamplerSettings(StrictModel):
         description="Settings of a registered sampler's own (its kernel's options), given in "
         "the sampler block: sampler: {kind: NAME, SETTING: VALUE}.",
     )
+    predictor: Path | None = Field(
+        None,
+        description="The predictive traversal's certainty predictor: a JSON file written by "
+        "`presto fit-predictor RUN_DIR -o FILE` (relative to the config file); null: the "
+        "paper's coefficients. It steers prefetching only, never a decision.",
+    )
 
     @field_validator("steps_per_block")
     @classmethod

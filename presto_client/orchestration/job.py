@@ -259,6 +259,7 @@ async def _run_chains(
                 seed=c.seed,
                 prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
                 n_pf=c.size,
+                predictor=plan.predictor,
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
             )
             for c in todo

@@ -210,6 +210,8 @@ def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ())
         cfg.name = p.stem
     if cfg.prompts.file is not None and not cfg.prompts.file.is_absolute():
         cfg.prompts.file = (p.parent / cfg.prompts.file).resolve()
+    if cfg.sampler.predictor is not None and not cfg.sampler.predictor.is_absolute():
+        cfg.sampler.predictor = (p.parent / cfg.sampler.predictor).resolve()
     if cfg.output_dir is None:
         cfg.output_dir = Path("runs") / cfg.name
     return cfg

@@ -34,6 +34,7 @@ from presto_client import defaults
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.chain_runner import ChainResult
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.runners import run_chain
 from presto_client.core.settings import ROUND_SIZE, SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
@@ -244,6 +245,8 @@ class ChainSpec:
     prompt_ids: tuple[int, ...]
     n_pf: int | None = ROUND_SIZE
     """The method's size parameter (round size or window); ``None`` for a method without one."""
+    predictor: CertaintyPredictor | None = None
+    """The predictive traversal's certainty predictor; ``None``: the paper's."""
     replica_key: str = ""
     """Chains with the same key use the same replica (default: the chain id)."""
 
@@ -276,7 +279,7 @@ class ChainSink(Protocol):
 
 RunChain = Callable[..., Awaitable[ChainResult]]
 """``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, n_pf, seed, on_round,
-budget)."""
+predictor, budget)."""
 
 
 @dataclass(slots=True)
@@ -354,6 +357,7 @@ class Orchestrator:
                 n_pf=spec.n_pf,
                 seed=spec.seed,
                 on_round=on_round,
+                predictor=spec.predictor,
                 budget=self.budgets[spec.engine][replica],
             )
         except asyncio.CancelledError:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from presto_client.core.methods import arm_traversal_names
+from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import JobConfig
@@ -33,6 +34,7 @@ from presto_client.orchestration.planned import (
     PlannedEngine,
     Prompt,
 )
+from presto_client.orchestration.predictor_file import load_predictor, predictor_fingerprint
 
 __all__ = ["Arm", "JobPlan", "PlannedChain", "describe_plan", "make_plan"]
 
@@ -75,15 +77,19 @@ def _prompts_digest(prompts: Sequence[Prompt]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]:
+def job_fingerprint(
+    cfg: JobConfig, prompts: Sequence[Prompt], predictor: CertaintyPredictor | None = None
+) -> dict[str, Any]:
     """What defines the work of a chain: a resumed run must agree on all of it.
 
     Traversals and engines may be added to a run directory later (new arms); an engine already
-    there must keep its kind and model.
+    there must keep its kind and model. A refit predictor enters as its coefficients.
     """
-    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals"})
+    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals", "predictor"})
     if not sampler["options"]:
         del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
+    if predictor is not None:  # (absent otherwise: the fingerprint of a job without one)
+        sampler["predictor"] = predictor_fingerprint(predictor)
     engines: dict[str, Any] = {}
     for e in cfg.engines:
         engines[str(e.name)] = {
@@ -128,14 +134,16 @@ def make_plan(
                 size = cfg.sampler.method_size(arm.traversal)
                 sampler = samplers[arm.engine]
                 chains.append(PlannedChain(cid, arm, p.index, c, seed, size, sampler))
+    predictor = load_predictor(cfg.sampler.predictor) if cfg.sampler.predictor else None
     return JobPlan(
         settings=job_settings(cfg, len(chains)),
         prompts=plist,
         engines=planned_engines(cfg),
         arms=tuple(arms),
         chains=tuple(chains),
-        fingerprint=job_fingerprint(cfg, plist),
+        fingerprint=job_fingerprint(cfg, plist, predictor),
         samplers=samplers,
+        predictor=predictor,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.settings import SamplerConfig
 
 
@@ -148,6 +149,8 @@ class JobPlan:
     fingerprint: Mapping[str, Any]
     samplers: Mapping[str, SamplerConfig]
     """The plain sampler of each engine (its EOS differs), resolved when the plan is made."""
+    predictor: CertaintyPredictor | None = None
+    """The predictive traversal's predictor (``sampler.predictor``); ``None``: the paper's."""
 
     @property
     def output_dir(self) -> Path:
