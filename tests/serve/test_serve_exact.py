@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from serve_helpers import ServiceThread, load, reference_job, write_config
@@ -109,6 +110,58 @@ def test_chat_over_http_matches_presto_run_with_the_chat_template(
     assert answer.choices[0].model_extra["token_ids"] == rows[0]["token_ids"]
     assert answer.choices[0].message.content == rows[0]["text"]
     assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+CONVERSATION = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "what is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "and 3+3?"},
+]
+
+
+def test_a_multi_turn_chat_matches_presto_run_on_the_templated_prompt(
+    tmp_path: Path, emulation: Any
+) -> None:
+    # the prompt ids: the whole conversation through the upstream's own chat template
+    templated = httpx.post(
+        f"{emulation.base_url}/tokenize",
+        json={"messages": CONVERSATION, "add_generation_prompt": True},
+    ).json()["tokens"]
+    data = _http_job(tmp_path / "run", emulation.base_url, prompts={"token_ids": [templated]})
+    data["seed"] = 4
+    config = write_config(tmp_path / "job.yaml", data)
+    rows = _presto_run(config)
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        answer = client.chat.completions.create(model="emu", messages=CONVERSATION, seed=4)
+        one_turn = client.chat.completions.create(model="emu", messages=CONVERSATION[-1:], seed=4)
+    assert answer.choices[0].model_extra["token_ids"] == rows[0]["token_ids"]
+    assert answer.usage.prompt_tokens == len(templated)
+    # the earlier turns are in the prompt: the last turn alone is a shorter prompt
+    assert one_turn.usage.prompt_tokens < len(templated)
+
+
+def test_chat_refuses_a_conversation_that_ends_with_the_assistant(
+    tmp_path: Path, emulation: Any
+) -> None:
+    config = write_config(tmp_path / "job.yaml", _http_job(tmp_path / "run", emulation.base_url))
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="emu", messages=CONVERSATION[:3], seed=4)
+    assert err.value.body["param"] == "messages"
+    assert "end with a user message" in err.value.body["message"]
+
+
+def test_chat_on_an_engine_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "job.yaml", reference_job(tmp_path / "run"))
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="ref", messages=CONVERSATION, seed=4)
+    assert err.value.body["param"] == "messages"
+    assert "cannot tokenize" in err.value.body["message"]
 
 
 @pytest.mark.parametrize(
