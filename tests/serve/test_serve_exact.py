@@ -188,3 +188,35 @@ def test_per_request_settings_are_those_of_a_config(
     assert [c.model_extra["token_ids"] for c in answer.choices] == [r["token_ids"] for r in rows]
     name = settings["sampler"] if isinstance(settings["sampler"], str) else "multi_try_mh"
     assert answer.model_extra["presto"]["sampler"] == name
+
+
+def test_a_stop_string_cuts_the_token_ids_where_it_cuts_the_text(
+    tmp_path: Path, emulation: Any
+) -> None:
+    def detokenize(ids: list[int]) -> str:
+        answer = httpx.post(f"{emulation.base_url}/detokenize", json={"tokens": ids})
+        return str(answer.json()["prompt"])
+
+    config = write_config(tmp_path / "job.yaml", _http_job(tmp_path / "run", emulation.base_url))
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        full = client.completions.create(model="emu", prompt="power sampling", seed=7)
+        ids = full.choices[0].model_extra["token_ids"]
+        stop = detokenize([ids[len(ids) // 2]])
+        assert stop and len(ids) >= 3
+        cut = client.completions.create(model="emu", prompt="power sampling", seed=7, stop=stop)
+        streamed = list(
+            client.completions.create(
+                model="emu", prompt="power sampling", seed=7, stop=stop, stream=True
+            )
+        )
+    text = full.choices[0].text
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    # the tokens up to the one that completed the stop string, found one prefix at a time
+    k = next(k for k in range(1, len(ids) + 1) if stop in detokenize(ids[:k]))
+    assert k < len(ids)
+    assert cut.choices[0].model_extra["token_ids"] == ids[:k]
+    assert cut.usage.completion_tokens == k
+    assert streamed[0].choices[0].model_extra["token_ids"] == ids[:k]
+    assert streamed[0].choices[0].text == cut.choices[0].text
