@@ -11,7 +11,7 @@ response parsers (a decoded JSON body in, a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -184,14 +184,25 @@ class Adapter:
     ) -> list[HttpCall]:
         """Calls that tokenize ``text`` (as a user turn through the model's chat template when
         ``chat_template``), one per endpoint to try, in order."""
-        payload: dict[str, Any]
         if chat_template:
             messages = [{"role": "user", "content": text}]
             if system_prompt is not None:
                 messages.insert(0, {"role": "system", "content": system_prompt})
-            payload = {"messages": messages, "add_generation_prompt": True}
-        else:
-            payload = {"prompt": text, "add_special_tokens": True}
+            return self.build_tokenize_messages(messages, model)
+        payload: dict[str, Any] = {"prompt": text, "add_special_tokens": True}
+        if model is not None:
+            payload = {"model": model, **payload}
+        return [HttpCall(path, payload, "tokenize") for path in self.tokenize_paths]
+
+    def build_tokenize_messages(
+        self, messages: Sequence[Mapping[str, str]], model: str | None
+    ) -> list[HttpCall]:
+        """Calls that tokenize a conversation (``role``/``content`` turns) through the model's
+        chat template, ending with the prompt for the assistant's next turn."""
+        payload: dict[str, Any] = {
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": True,
+        }
         if model is not None:
             payload = {"model": model, **payload}
         return [HttpCall(path, payload, "tokenize") for path in self.tokenize_paths]

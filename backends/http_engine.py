@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -575,6 +575,15 @@ class HttpEngine:
         calls = self.adapter.build_tokenize(
             text, await self.model(), chat_template=chat_template, system_prompt=system_prompt
         )
+        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        try:
+            return self.adapter.parse_tokenize(body)
+        except InvalidResponseError as exc:
+            raise InvalidResponseError(str(exc), engine=self.name) from None
+
+    async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
+        """Token ids of a conversation through the served model's chat template."""
+        calls = self.adapter.build_tokenize_messages(messages, await self.model())
         body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
         try:
             return self.adapter.parse_tokenize(body)

@@ -11,7 +11,7 @@ Backends implement this over HTTP; :mod:`presto_client.core.reference` implement
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -194,6 +194,14 @@ class Tokenizing(Protocol):
     async def tokenize(
         self, text: str, *, chat_template: bool = False, system_prompt: str | None = None
     ) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class ChatTokenizing(Protocol):
+    """An engine that renders a whole conversation (``role``/``content`` turns) through its
+    model's chat template into the prompt for the assistant's next turn."""
+
+    async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> Sequence[int]: ...
 
 
 @runtime_checkable

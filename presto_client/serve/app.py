@@ -250,22 +250,44 @@ class Service:
             answer = await self._answer(body, batch, results, ignored, chat=chat)
         return _json(answer)
 
-    async def _texts(self, body: Any, results: Sequence[ChainResult]) -> list[tuple[str, str]]:
-        """``(text, finish_reason)`` of every choice: EOS or a stop string is ``stop``."""
-        out: list[tuple[str, str]] = []
+    async def _texts(
+        self, body: Any, results: Sequence[ChainResult]
+    ) -> list[tuple[str, str, tuple[int, ...]]]:
+        """``(text, finish_reason, token_ids)`` of every choice: EOS or a stop string is
+        ``stop``. A stop string cuts the text before it and the tokens after the one that
+        completed it (vLLM's convention), so the ids and the text end at the same place."""
+        out: list[tuple[str, str, tuple[int, ...]]] = []
         eos = self.engine.eos_token_id
+        stops = body.stops()
         for r in results:
+            ids = tuple(r.token_ids)
             text = ""
             if self.engine.can_detokenize:
-                text = await self.engine.detokenize(r.token_ids) or ""
-            text, stopped = _cut_at_stop(text, body.stops())
-            ended = eos is not None and len(r.token_ids) > 0 and r.token_ids[-1] == eos
-            out.append((text, "stop" if stopped or ended else "length"))
+                text = await self.engine.detokenize(ids) or ""
+            text, stopped = _cut_at_stop(text, stops)
+            if stopped:
+                ids = ids[: await self._stop_token_count(ids, stops)]
+            ended = eos is not None and len(ids) > 0 and ids[-1] == eos
+            out.append((text, "stop" if stopped or ended else "length", ids))
         return out
 
-    def _usage(self, batch: ChainBatch, results: Sequence[ChainResult]) -> dict[str, int]:
+    async def _stop_token_count(self, ids: tuple[int, ...], stops: Sequence[str]) -> int:
+        """The fewest leading tokens whose text holds a stop string (the whole text does):
+        a binary search, as a longer prefix's text extends a shorter one's."""
+        low, high = 1, len(ids)
+        while low < high:
+            mid = (low + high) // 2
+            text = await self.engine.detokenize(ids[:mid]) or ""
+            if _cut_at_stop(text, stops)[1]:
+                high = mid
+            else:
+                low = mid + 1
+        return high
+
+    def _usage(
+        self, batch: ChainBatch, results: Sequence[ChainResult], completion: int
+    ) -> dict[str, int]:
         prompt = sum(len(p) for p in batch.prompts)
-        completion = sum(len(r.token_ids) for r in results)
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -297,15 +319,13 @@ class Service:
     ) -> dict[str, Any]:
         self.metrics.chains(results, sum(len(p) for p in batch.prompts))
         choices: list[dict[str, Any]] = []
-        for index, ((text, reason), r) in enumerate(
-            zip(await self._texts(body, results), results, strict=True)
-        ):
+        for index, (text, reason, ids) in enumerate(await self._texts(body, results)):
             choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": None}
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text
-            choice["token_ids"] = list(r.token_ids)
+            choice["token_ids"] = list(ids)
             choices.append(choice)
         return {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
@@ -313,7 +333,7 @@ class Service:
             "created": int(time.time()),
             "model": body.model,
             "choices": choices,
-            "usage": self._usage(batch, results),
+            "usage": self._usage(batch, results, sum(len(c["token_ids"]) for c in choices)),
             "presto": self._presto(batch, ignored),
         }
 

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from presto_client.concurrency import gather_or_fail
-from presto_client.core.engine_protocol import ContextLimited, Detokenizing, Tokenizing
+from presto_client.core.engine_protocol import (
+    ChatTokenizing,
+    ContextLimited,
+    Detokenizing,
+    Tokenizing,
+)
 from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
@@ -133,6 +138,11 @@ class ServedEngine:
         return isinstance(self._replica, Tokenizing)
 
     @property
+    def can_tokenize_chat(self) -> bool:
+        """Whether the engine renders a whole conversation through its chat template."""
+        return isinstance(self._replica, ChatTokenizing)
+
+    @property
     def can_detokenize(self) -> bool:
         return isinstance(self._replica, Detokenizing)
 
@@ -154,6 +164,12 @@ class ServedEngine:
         self, text: str, *, chat: bool, system_prompt: str | None
     ) -> tuple[int, ...]:
         return await encode(self._replica, text, chat_template=chat, system_prompt=system_prompt)
+
+    async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
+        replica = self._replica
+        if not isinstance(replica, ChatTokenizing):
+            raise ConfigError(f"engine {self.name} cannot apply a chat template to messages")
+        return tuple(int(t) for t in await replica.tokenize_messages(messages))
 
     async def detokenize(self, token_ids: Sequence[int]) -> str | None:
         return await decode(self._replica, token_ids)

@@ -2,8 +2,8 @@
 
 - **Prompts**: ``prompt`` is token ids, text, or a list of either (one prompt each; choice
   ``i * n + j`` is chain ``j`` of prompt ``i``, OpenAI's order). Text goes through the engine's
-  tokenizer. Chat ``messages`` (an optional system message, then one user message) go through
-  the engine's chat template, with the system message as its system prompt.
+  tokenizer. Chat ``messages`` (system, user and assistant turns, ending with a user turn) go
+  through the engine's chat template as a whole conversation.
 - **max_tokens** is ``num_blocks × block_size``: the blocks are the config's (or the request's)
   ``num_blocks``, lowered to the largest divisor of ``max_tokens`` not above it, so the answer
   is exactly ``max_tokens`` tokens long (or ends at EOS) and every block is as long as the
@@ -104,18 +104,7 @@ async def prompt_ids(
 ) -> list[tuple[int, ...]]:
     """The request's prompts as token ids under the engine's tokenizer."""
     if isinstance(body, ChatBody):
-        messages = list(body.messages)
-        system = None
-        if messages[0].role in ("system", "developer"):
-            system = messages.pop(0).content
-        if len(messages) != 1 or messages[0].role != "user":
-            raise invalid(
-                "messages: give an optional system message and one user message (a "
-                "multi-turn conversation: render it with the model's chat template and send "
-                "it to /v1/completions as the prompt)",
-                param="messages",
-            )
-        return [await _encode(engine, messages[0].content, chat=True, system=system)]
+        return [await _encode_chat(engine, body)]
     prompt: Any = body.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
@@ -132,6 +121,43 @@ async def prompt_ids(
                 raise invalid("a prompt of zero tokens", param="prompt")
             out.append(tuple(int(t) for t in p))
     return out
+
+
+async def _encode_chat(engine: ServedEngine, body: ChatBody) -> tuple[int, ...]:
+    """The conversation through the engine's chat template. An engine that renders whole
+    conversations gets every turn; one that only templates a single user turn (with an
+    optional system prompt) gets that, and anything longer is refused."""
+    if not engine.can_tokenize:
+        raise invalid(
+            f"engine {engine.name} ({engine.kind}) cannot tokenize text; send the prompt as "
+            "token ids to /v1/completions",
+            param="messages",
+        )
+    if body.messages[-1].role == "assistant":
+        raise invalid(
+            "messages: the last message is the assistant's; end with a user message (to "
+            "continue a partial assistant answer, send the templated text as the prompt to "
+            "/v1/completions)",
+            param="messages",
+        )
+    if engine.can_tokenize_chat:
+        turns = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            for m in body.messages
+        ]
+        return await engine.tokenize_messages(turns)
+    messages = list(body.messages)
+    system = None
+    if messages[0].role in ("system", "developer"):
+        system = messages.pop(0).content
+    if len(messages) != 1 or messages[0].role != "user":
+        raise invalid(
+            f"messages: engine {engine.name} ({engine.kind}) applies its chat template to one "
+            "user message (and an optional system message) only; render the conversation "
+            "with the model's chat template and send it to /v1/completions as the prompt",
+            param="messages",
+        )
+    return await _encode(engine, messages[0].content, chat=True, system=system)
 
 
 async def _encode(

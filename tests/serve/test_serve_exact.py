@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from serve_helpers import ServiceThread, load, reference_job, write_config
@@ -111,6 +112,58 @@ def test_chat_over_http_matches_presto_run_with_the_chat_template(
     assert answer.choices[0].finish_reason in ("stop", "length")
 
 
+CONVERSATION = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "what is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "and 3+3?"},
+]
+
+
+def test_a_multi_turn_chat_matches_presto_run_on_the_templated_prompt(
+    tmp_path: Path, emulation: Any
+) -> None:
+    # the prompt ids: the whole conversation through the upstream's own chat template
+    templated = httpx.post(
+        f"{emulation.base_url}/tokenize",
+        json={"messages": CONVERSATION, "add_generation_prompt": True},
+    ).json()["tokens"]
+    data = _http_job(tmp_path / "run", emulation.base_url, prompts={"token_ids": [templated]})
+    data["seed"] = 4
+    config = write_config(tmp_path / "job.yaml", data)
+    rows = _presto_run(config)
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        answer = client.chat.completions.create(model="emu", messages=CONVERSATION, seed=4)
+        one_turn = client.chat.completions.create(model="emu", messages=CONVERSATION[-1:], seed=4)
+    assert answer.choices[0].model_extra["token_ids"] == rows[0]["token_ids"]
+    assert answer.usage.prompt_tokens == len(templated)
+    # the earlier turns are in the prompt: the last turn alone is a shorter prompt
+    assert one_turn.usage.prompt_tokens < len(templated)
+
+
+def test_chat_refuses_a_conversation_that_ends_with_the_assistant(
+    tmp_path: Path, emulation: Any
+) -> None:
+    config = write_config(tmp_path / "job.yaml", _http_job(tmp_path / "run", emulation.base_url))
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="emu", messages=CONVERSATION[:3], seed=4)
+    assert err.value.body["param"] == "messages"
+    assert "end with a user message" in err.value.body["message"]
+
+
+def test_chat_on_an_engine_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "job.yaml", reference_job(tmp_path / "run"))
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="ref", messages=CONVERSATION, seed=4)
+    assert err.value.body["param"] == "messages"
+    assert "cannot tokenize" in err.value.body["message"]
+
+
 @pytest.mark.parametrize(
     "settings",
     [
@@ -135,3 +188,35 @@ def test_per_request_settings_are_those_of_a_config(
     assert [c.model_extra["token_ids"] for c in answer.choices] == [r["token_ids"] for r in rows]
     name = settings["sampler"] if isinstance(settings["sampler"], str) else "multi_try_mh"
     assert answer.model_extra["presto"]["sampler"] == name
+
+
+def test_a_stop_string_cuts_the_token_ids_where_it_cuts_the_text(
+    tmp_path: Path, emulation: Any
+) -> None:
+    def detokenize(ids: list[int]) -> str:
+        answer = httpx.post(f"{emulation.base_url}/detokenize", json={"tokens": ids})
+        return str(answer.json()["prompt"])
+
+    config = write_config(tmp_path / "job.yaml", _http_job(tmp_path / "run", emulation.base_url))
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        full = client.completions.create(model="emu", prompt="power sampling", seed=7)
+        ids = full.choices[0].model_extra["token_ids"]
+        stop = detokenize([ids[len(ids) // 2]])
+        assert stop and len(ids) >= 3
+        cut = client.completions.create(model="emu", prompt="power sampling", seed=7, stop=stop)
+        streamed = list(
+            client.completions.create(
+                model="emu", prompt="power sampling", seed=7, stop=stop, stream=True
+            )
+        )
+    text = full.choices[0].text
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    # the tokens up to the one that completed the stop string, found one prefix at a time
+    k = next(k for k in range(1, len(ids) + 1) if stop in detokenize(ids[:k]))
+    assert k < len(ids)
+    assert cut.choices[0].model_extra["token_ids"] == ids[:k]
+    assert cut.usage.completion_tokens == k
+    assert streamed[0].choices[0].model_extra["token_ids"] == ids[:k]
+    assert streamed[0].choices[0].text == cut.choices[0].text
