@@ -27,32 +27,9 @@ VPY=$VENV/bin/python
 MARK_DIR=$HOME_DIR/markers
 BASE_PYTHON=${PRESTO_GATEWAY_PYTHON:-python3}
 
-log() { printf '[gateways] %s\n' "$*" >&2; }
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-
-run_step() {
-    local name=$1 fn=$2 t0
-    if [[ -f "$MARK_DIR/$name.done" ]]; then
-        log "step $name: already done"
-        return 0
-    fi
-    log "step $name: running"
-    t0=$(now)
-    "$fn" >&2
-    mkdir -p "$MARK_DIR"
-    date -u +%Y-%m-%dT%H:%M:%SZ > "$MARK_DIR/$name.done"
-    log "step $name: done in $(elapsed "$t0") s"
-}
-
-step_venv() {
-    if [[ -x "$VPY" ]] && "$VPY" -c 'import sys' 2>/dev/null; then
-        echo "venv $VENV exists and runs: kept"
-        return 0
-    fi
-    rm -rf "$VENV"
-    "$BASE_PYTHON" -m venv "$VENV"
-}
+LOG_TAG=gateways
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 step_install() {
     "$VPY" -m pip install --quiet --disable-pip-version-check \

@@ -70,10 +70,9 @@ DL_DIR=$PRESTO_VLLM_HOME/downloads
 MARK_DIR=$PRESTO_VLLM_HOME/markers
 VPY=$VENV/bin/python
 
-log() { printf '[vllm_cpu] %s\n' "$*" >&2; }
-die() { printf '[vllm_cpu] ERROR: %s\n' "$*" >&2; exit 1; }
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+LOG_TAG=vllm_cpu
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 vpip() {
     if [[ "${PRESTO_VLLM_PIP_NO_CONSTRAINT:-0}" == 1 ]]; then
@@ -82,32 +81,6 @@ vpip() {
     else
         "$VPY" -m pip "$@"
     fi
-}
-
-# run_step NAME FUNCTION: run FUNCTION unless marker NAME exists; time it.
-run_step() {
-    local name=$1 fn=$2 t0
-    if [[ -f "$MARK_DIR/$name.done" ]]; then
-        log "step $name: already done (marker $MARK_DIR/$name.done)"
-        return 0
-    fi
-    log "step $name: running"
-    t0=$(now)
-    "$fn" >&2
-    mkdir -p "$MARK_DIR"
-    date -u +%Y-%m-%dT%H:%M:%SZ > "$MARK_DIR/$name.done"
-    log "step $name: done in $(elapsed "$t0") s"
-}
-
-step_venv() {
-    # A venv whose python runs is kept (its marker may be lost, or set up by hand): recreating
-    # it would throw away gigabytes of installed packages. Only a broken one is rebuilt.
-    if [[ -x "$VPY" ]] && "$VPY" -c 'import sys' 2>/dev/null; then
-        echo "venv $VENV exists and runs: kept"
-        return 0
-    fi
-    rm -rf "$VENV"
-    "$BASE_PYTHON" -m venv "$VENV"
 }
 
 step_vllm() {
