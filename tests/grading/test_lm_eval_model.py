@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from presto_client.lm_eval_model import cut_at_stops
+from tests.support.lm_eval_tasks import write_arithmetic_task
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,25 +26,7 @@ def test_cut_at_stops() -> None:
 
 
 def write_task(folder: Path, n: int = 4) -> None:
-    rows = [{"question": f"What is {i}+1?", "answer": str(i + 1)} for i in range(n)]
-    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "task.yaml").write_text(
-        "task: presto_arith\n"
-        "dataset_path: json\n"
-        "dataset_kwargs:\n"
-        "  data_files:\n"
-        f"    test: {folder / 'data.jsonl'}\n"
-        "test_split: test\n"
-        "output_type: generate_until\n"
-        'doc_to_text: "{{question}}"\n'
-        'doc_to_target: "{{answer}}"\n'
-        "generation_kwargs:\n"
-        '  until: ["\\n"]\n'
-        "metric_list:\n"
-        "  - metric: exact_match\n"
-        "    aggregation: mean\n"
-        "    higher_is_better: true\n"
-    )
+    write_arithmetic_task(folder, name="presto_arith", n=n, until="\\n")
 
 
 def test_local_task_end_to_end_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,31 +12,9 @@ import pytest
 from serve_helpers import ServiceThread, load, reference_job, write_config
 
 from tests.support.emulation import EmulationServer
+from tests.support.lm_eval_tasks import write_arithmetic_task
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _task(folder: Path, n: int = 3) -> None:
-    rows = [{"question": f"What is {i}+1?", "answer": str(i + 1)} for i in range(n)]
-    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "task.yaml").write_text(
-        "task: presto_serve_arith\n"
-        "dataset_path: json\n"
-        "dataset_kwargs:\n"
-        "  data_files:\n"
-        f"    test: {folder / 'data.jsonl'}\n"
-        "test_split: test\n"
-        "output_type: generate_until\n"
-        'doc_to_text: "{{question}}"\n'
-        'doc_to_target: "{{answer}}"\n'
-        "generation_kwargs:\n"
-        '  until: [">"]\n'
-        "  max_gen_toks: 8\n"
-        "metric_list:\n"
-        "  - metric: exact_match\n"
-        "    aggregation: mean\n"
-        "    higher_is_better: true\n"
-    )
 
 
 def test_lm_eval_local_completions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +24,7 @@ def test_lm_eval_local_completions(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     from lm_eval.models.openai_completions import LocalCompletionsAPI
     from lm_eval.tasks import TaskManager
 
-    _task(tmp_path)
+    write_arithmetic_task(tmp_path, name="presto_serve_arith", n=3, until=">", max_gen_toks=8)
     with EmulationServer("vllm", vocab_size=64, tokenizer=True) as upstream:
         data = reference_job(tmp_path / "run")
         data["engines"] = [{"kind": "vllm", "name": "emu", "base_url": upstream.base_url}]
