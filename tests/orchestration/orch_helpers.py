@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.errors import EngineUnavailableError
@@ -44,6 +46,28 @@ def job_dict(output_dir: Path, **changes: Any) -> dict[str, Any]:
         else:
             data[key] = value
     return data
+
+
+def write_http_job(
+    tmp_path: Path,
+    url: str,
+    *,
+    prompt: Sequence[int] = (1, 2, 3, 4),
+    block_size: int = 4,
+    **engine: object,
+) -> Path:
+    """A one-chain job against the vLLM-dialect server at ``url`` (two blocks, one step each),
+    written to ``tmp_path/job.yaml``; ``engine`` adds to or overrides the engine's fields."""
+    data = job_dict(
+        tmp_path / "run",
+        engines=[{"kind": "vllm", "name": "v", "base_url": url, "max_concurrency": 4, **engine}],
+        prompts={"token_ids": [list(prompt)]},
+        chains_per_prompt=1,
+        sampler={"block_size": block_size, "num_blocks": 2, "steps_per_block": 1},
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def make_config(output_dir: Path, **changes: Any) -> JobConfig:

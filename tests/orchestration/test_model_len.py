@@ -7,8 +7,7 @@ import io
 from pathlib import Path
 
 import pytest
-import yaml
-from orch_helpers import job_dict
+from orch_helpers import write_http_job
 
 from presto_client.cli import main
 
@@ -16,16 +15,7 @@ emulation = pytest.importorskip("tests.support.emulation")
 
 
 def _config(tmp_path: Path, url: str, block_size: int) -> Path:
-    data = job_dict(
-        tmp_path / "run",
-        engines=[{"kind": "vllm", "name": "v", "base_url": url, "max_concurrency": 4}],
-        prompts={"token_ids": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]},
-        chains_per_prompt=1,
-        sampler={"block_size": block_size, "num_blocks": 2, "steps_per_block": 1},
-    )
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return write_http_job(tmp_path, url, prompt=range(1, 11), block_size=block_size)
 
 
 def test_too_long_for_the_server_is_caught_at_the_probe(

@@ -6,8 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
-import yaml
-from orch_helpers import job_dict
+from orch_helpers import write_http_job
 
 from presto_client.cli import main
 
@@ -15,16 +14,7 @@ emulation = pytest.importorskip("tests.support.emulation")
 
 
 def _config(tmp_path: Path, url: str, **engine: object) -> Path:
-    data = job_dict(
-        tmp_path / "run",
-        engines=[{"kind": "vllm", "name": "v", "base_url": url, "max_concurrency": 4, **engine}],
-        prompts={"token_ids": [[1, 2, 3, 4]]},
-        chains_per_prompt=1,
-        sampler={"block_size": 4, "num_blocks": 2, "steps_per_block": 1},
-    )
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return write_http_job(tmp_path, url, **engine)
 
 
 def test_a_failed_probe_prints_no_progress_lines(

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from orch_helpers import job_dict
+from orch_helpers import write_http_job
 
 from presto_client.terminal_text import server_text
 
@@ -21,16 +20,7 @@ EVIL = "m\x1b[2J\nFAKE LINE"
 
 
 def _config(tmp_path: Path, url: str, **engine: object) -> Path:
-    data = job_dict(
-        tmp_path / "run",
-        engines=[{"kind": "vllm", "name": "v", "base_url": url, "max_concurrency": 4, **engine}],
-        prompts={"token_ids": [[1, 2, 3, 4]]},
-        chains_per_prompt=1,
-        sampler={"block_size": 4, "num_blocks": 2, "steps_per_block": 1},
-    )
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return write_http_job(tmp_path, url, **engine)
 
 
 def _presto(*args: str) -> tuple[int, str]:
