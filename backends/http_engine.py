@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from backends.adapter import RAW, SCALED, Adapter, HttpCall
+from backends.gateways import check_gateway, refused_token_ids
 from backends.metrics import prefix_cache_metrics
 from backends.parsing import TokenLogprobs, check_token_ids
 from backends.pool import Pool, RequestHeaders
@@ -218,8 +219,7 @@ class HttpEngine:
     # ---- a chain's view
 
     def routed(self, key: str) -> HttpEngine | RoutedEngine:
-        """A chain's view whose every request carries ``routing_key_header: key`` (this engine
-        itself when the spec names no such header)."""
+        """A chain's view sending ``routing_key_header: key`` (without the header: itself)."""
         header = self.spec.routing_key_header
         if header is None:
             return self
@@ -239,13 +239,9 @@ class HttpEngine:
         self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
     ) -> ScoredTokens:
         call = self.adapter.build_generate(request, model, label=label)
+        cap = self._cap(request.num_tokens)
         body = await self.transport.request_json(
-            "POST",
-            call.path,
-            call.payload,
-            label=label,
-            max_bytes=self._cap(request.num_tokens),
-            headers=headers,
+            "POST", call.path, call.payload, label=label, max_bytes=cap, headers=headers
         )
         generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         if self.adapter.semantics == RAW:
@@ -264,7 +260,6 @@ class HttpEngine:
         model: str,
         label: str,
         top_k: int | None = None,
-        *,
         headers: RequestHeaders | None = None,
     ) -> TokenLogprobs:
         k = self.spec.top_k if top_k is None else top_k
@@ -455,6 +450,8 @@ class HttpEngine:
         report = ProbeReport(
             engine=self.name, base_url=self.base_url, model=model, logprob_mode=self.adapter.mode
         )
+        header = self.spec.routing_key_header
+        gateway = await check_gateway(self.transport, self.adapter.dialect, header, report)
         try:
             if self.adapter.can_score:
                 await self._probe_semantics(model, report)
@@ -466,6 +463,11 @@ class HttpEngine:
                 await self._probe_seeds(model, report)
             if check_scoring and self.adapter.can_score and self.adapter.semantics == RAW:
                 await self._probe_exact_scoring(model, report)
+        except EngineRequestError as exc:
+            explained = refused_token_ids(gateway, self.adapter.dialect, str(exc))
+            if explained is None:
+                raise
+            raise ProbeError(explained, engine=self.name) from exc
         except InvalidResponseError as exc:
             if exc.engine:
                 raise

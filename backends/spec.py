@@ -113,6 +113,8 @@ class ProbeReport:
     logprob_mode: str
     healthy: bool = True
     seeds_honoured: bool | None = None
+    gateway: str | None = None
+    """The gateway found at the URL (``smg``, ``vllm-router``, ...; ``None``: none)."""
     max_abs_logprob_diff: float | None = None
     """The largest |returned − expected| logprob seen while checking the logprob semantics."""
     problems: list[str] = field(default_factory=list)
