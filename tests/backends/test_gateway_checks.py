@@ -15,6 +15,7 @@ import pytest
 from backends import EngineSpec, create_engine
 from backends.gateways import parse_workers, routing_findings
 from presto_client.errors import ProbeError
+from presto_client.orchestration.engines import describe_probe
 from tests.support.emulation import EmulationServer
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 
@@ -150,5 +151,6 @@ async def test_a_wrong_header_is_refused_and_a_right_one_names_the_gateway() -> 
         await _probe(_Gateway(VLLM_ROUTER_WORKERS, "vllm"), "vllm", "x-smg-routing-key")
     report = await _probe(_Gateway(VLLM_ROUTER_WORKERS, "vllm"), "vllm", "x-session-id")
     assert report.gateway == "vllm-router" and not report.warnings
+    assert "through the gateway vllm-router" in describe_probe("gw", report)[0]
     report = await _probe(_Gateway(None, "vllm"), "vllm", "x-session-id")
     assert report.gateway is None and any("lists no workers" in w for w in report.warnings)
