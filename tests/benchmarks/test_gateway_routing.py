@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gateway
 def test_presto_jobs_through_smg_keyed_match_one_replica() -> None:
     if gateway_binary("smg") is None:
         pytest.skip(f"smg is not set up in {GATEWAY_HOME}: run `bash scripts/gateways.sh setup`")
-    shape = JobShape(chains=6, prefix=24, block_size=8, num_blocks=2, concurrency=8, seed=2)
+    shape = JobShape(chains=5, prefix=16, block_size=8, num_blocks=2, concurrency=8, seed=2)
     alone, keyed, unkeyed = run_jobs(shape, ("smg",), {"smg": ("consistent_hashing",)})
     assert (alone.policy, keyed.keyed, unkeyed.keyed) == ("(one replica, no gateway)", True, False)
     assert len(alone.per_replica) == 1 and len(keyed.per_replica) == 2
