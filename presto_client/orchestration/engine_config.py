@@ -34,8 +34,8 @@ from pydantic import (
     model_validator,
 )
 
+from backends import check_routing_key_header
 from backends.registry import BUILTIN_BACKENDS, available_backends, create_engine
-from backends.routing import check_routing_key_header
 from backends.spec import EngineSpec
 from presto_client import defaults
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
