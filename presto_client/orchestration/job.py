@@ -43,8 +43,7 @@ from presto_client.orchestration.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.plan import routing_key
-from presto_client.orchestration.planned import JobPlan, PlannedChain
+from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_key
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir

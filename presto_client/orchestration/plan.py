@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from presto_client.orchestration.planned import (
 )
 from presto_client.orchestration.predictor_file import load_predictor, predictor_fingerprint
 
-__all__ = ["Arm", "JobPlan", "PlannedChain", "describe_plan", "make_plan", "routing_key"]
+__all__ = ["Arm", "JobPlan", "PlannedChain", "describe_plan", "make_plan"]
 
 
 def chain_seed(root: int, prompt_index: int, chain_index: int) -> int:
@@ -109,22 +109,6 @@ def job_fingerprint(
         },
         "engines": engines,
     }
-
-
-def routing_key(fingerprint: Mapping[str, Any], replica_key: str) -> str:
-    """The key a chain's requests carry to a gateway (``routing_key_header``): the same for the
-    same chain in every session of the same work, so a resumed or rerun chain goes back to the
-    replica that holds its prefix, and different for another job's chain of the same index.
-
-    The chain is named by its replica key (its prompt and chain index), which the arms of one
-    (prompt, chain) share: they replay one chain's prefixes, so one replica's cache serves them
-    all. The fingerprint enters without its engines, which a run may gain later (a new arm must
-    not move the chains already there).
-    """
-    work = {k: v for k, v in fingerprint.items() if k != "engines"}
-    payload = json.dumps(work, sort_keys=True, separators=(",", ":"), default=str)
-    digest = hashlib.sha256(f"{payload}\n{replica_key}".encode()).hexdigest()
-    return f"presto-{digest[:20]}"
 
 
 def make_plan(

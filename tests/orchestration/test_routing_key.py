@@ -20,7 +20,7 @@ from backends.pool import Reply
 from backends.routing import RoutedEngine
 from presto_client.errors import ConfigError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.plan import routing_key
+from presto_client.orchestration.planned import routing_key
 from tests.support.emulation import EmulationServer
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 from tests.support.plans import plan_of
