@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from backends.registry import available_backends, create_engine, register_backend
+from backends.routing import check_routing_key_header
 from backends.spec import Capabilities, EngineSpec, ProbeReport
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "EngineSpec",
     "ProbeReport",
     "available_backends",
+    "check_routing_key_header",
     "create_engine",
     "register_backend",
 ]

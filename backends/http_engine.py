@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from backends.adapter import RAW, SCALED, Adapter, HttpCall
+from backends.gateways import check_gateway, refused_token_ids
 from backends.metrics import prefix_cache_metrics
 from backends.parsing import TokenLogprobs, check_token_ids
-from backends.pool import Pool
+from backends.pool import Pool, RequestHeaders
 from backends.probe_checks import (
     PROBE_PROMPT,
     PROBE_SEED,
@@ -30,6 +31,7 @@ from backends.probe_checks import (
     judge_semantics,
 )
 from backends.retry import Sleep
+from backends.routing import RoutedEngine
 from backends.spec import Capabilities, EngineSpec, ProbeReport
 from backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
@@ -214,23 +216,39 @@ class HttpEngine:
         version = body.get("version") if isinstance(body, dict) else None
         return str(version) if version is not None else None
 
+    # ---- a chain's view
+
+    def routed(self, key: str) -> HttpEngine | RoutedEngine:
+        """A chain's view sending ``routing_key_header: key`` (without the header: itself)."""
+        header = self.spec.routing_key_header
+        if header is None:
+            return self
+        return RoutedEngine(self, key, self.transport.with_header(header, key))
+
     # ---- generate
 
-    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+    async def generate(
+        self, requests: Sequence[ProposalRequest], *, headers: RequestHeaders | None = None
+    ) -> list[ScoredTokens]:
         model = await self.model() if requests else ""
         return await gather_or_fail(
-            [self._generate_one(r, model, _label(r, i)) for i, r in enumerate(requests)]
+            [self._generate_one(r, model, _label(r, i), headers) for i, r in enumerate(requests)]
         )
 
-    async def _generate_one(self, request: ProposalRequest, model: str, label: str) -> ScoredTokens:
+    async def _generate_one(
+        self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
+    ) -> ScoredTokens:
         call = self.adapter.build_generate(request, model, label=label)
+        cap = self._cap(request.num_tokens)
         body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+            "POST", call.path, call.payload, label=label, max_bytes=cap, headers=headers
         )
         generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
-        raw = await self._score_raw(request.prefix, generated.token_ids.tolist(), model, label)
+        raw = await self._score_raw(
+            request.prefix, generated.token_ids.tolist(), model, label, headers=headers
+        )
         return scored_from_scaled(
             generated, request.temperature, raw, request.scores, self.spec.vocab_size
         )
@@ -242,13 +260,14 @@ class HttpEngine:
         model: str,
         label: str,
         top_k: int | None = None,
+        headers: RequestHeaders | None = None,
     ) -> TokenLogprobs:
         k = self.spec.top_k if top_k is None else top_k
         slabel = f"scoring of {label}"
         call = self.adapter.build_score(prefix, token_ids, model, k, label=slabel)
         cap = self._cap(len(prefix) + len(token_ids), k)
         body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=slabel, max_bytes=cap
+            "POST", call.path, call.payload, label=slabel, max_bytes=cap, headers=headers
         )
         return self._checked(
             self.adapter.parse_score(prefix, token_ids, body, k, label=slabel), slabel
@@ -256,7 +275,9 @@ class HttpEngine:
 
     # ---- stream
 
-    async def stream(self, request: ProposalRequest) -> AsyncGenerator[ScoredTokens, None]:
+    async def stream(
+        self, request: ProposalRequest, *, headers: RequestHeaders | None = None
+    ) -> AsyncGenerator[ScoredTokens, None]:
         """Scores of one proposal, chunk by chunk as the server produces them.
 
         Raw modes stream over SSE; scaled modes (two calls) and dialects without streaming
@@ -265,7 +286,7 @@ class HttpEngine:
         label = _label(request)
         model = await self.model()
         if not self.capabilities.streaming:
-            (whole,) = await self.generate([request])
+            (whole,) = await self.generate([request], headers=headers)
             yield whole
             return
         call = self.adapter.build_generate(request, model, label=label, stream=True)
@@ -273,7 +294,11 @@ class HttpEngine:
         # Events arrive in batches (those completed by one network read), parsed and scored
         # as one chunk: when the client falls behind, its costs per chunk are shared.
         events = self.transport.stream_event_batches(
-            call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+            call.path,
+            call.payload,
+            label=label,
+            max_bytes=self._cap(request.num_tokens),
+            headers=headers,
         )
         try:
             async for batch in events:
@@ -299,7 +324,9 @@ class HttpEngine:
 
     # ---- exact scores
 
-    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+    async def score(
+        self, requests: Sequence[ScoreRequest], *, headers: RequestHeaders | None = None
+    ) -> list[ScoredTokens]:
         """Exact ``log q`` (``lo == hi``) of given tokens under every temperature asked.
 
         Scaled modes: a raw scoring call plus, per temperature ≠ 1, one batched request of
@@ -315,20 +342,27 @@ class HttpEngine:
             )
         model = await self.model()
         return await gather_or_fail(
-            [self._score_one(r, model, f"score request {i}") for i, r in enumerate(requests)]
+            [
+                self._score_one(r, model, f"score request {i}", headers)
+                for i, r in enumerate(requests)
+            ]
         )
 
-    async def _score_one(self, request: ScoreRequest, model: str, label: str) -> ScoredTokens:
+    async def _score_one(
+        self, request: ScoreRequest, model: str, label: str, headers: RequestHeaders | None
+    ) -> ScoredTokens:
         if not request.token_ids:
             return ScoredTokens.empty(len(request.scores.temperatures), request.scores.entropy)
         if self.adapter.semantics == SCALED:
-            raw = await self._score_raw(request.prefix, request.token_ids, model, label)
+            raw = await self._score_raw(
+                request.prefix, request.token_ids, model, label, headers=headers
+            )
             contexts = [
                 (*request.prefix, *request.token_ids[:i]) for i in range(len(request.token_ids))
             ]
             temps = [t for t in request.scores.temperatures if not math.isclose(t, 1.0)]
             rows = await gather_or_fail(
-                [self._next_token_topk(contexts, t, model, label) for t in temps]
+                [self._next_token_topk(contexts, t, model, label, headers) for t in temps]
             )
             return exact_from_normalisers(
                 raw, dict(zip(temps, rows, strict=True)), request.scores, label=label
@@ -341,7 +375,9 @@ class HttpEngine:
                 engine=self.name,
             )
         try:
-            raw = await self._score_raw(request.prefix, request.token_ids, model, label, full_k)
+            raw = await self._score_raw(
+                request.prefix, request.token_ids, model, label, full_k, headers=headers
+            )
         except EngineRequestError as exc:
             self._scoring_ok = False
             raise EngineRequestError(
@@ -353,12 +389,18 @@ class HttpEngine:
         return exact_from_full_rows(request.token_ids, raw, request.scores, vocab)
 
     async def _next_token_topk(
-        self, contexts: Sequence[Sequence[int]], temperature: float, model: str, label: str
+        self,
+        contexts: Sequence[Sequence[int]],
+        temperature: float,
+        model: str,
+        label: str,
+        headers: RequestHeaders | None,
     ) -> TokenLogprobs:
         nlabel = f"normalisers at τ={temperature:g} for {label}"
         calls = self.adapter.build_next_token_topk(contexts, temperature, model, label=nlabel)
+        send = self.transport.request_json
         bodies = await gather_or_fail(
-            [self.transport.request_json("POST", c.path, c.payload, label=nlabel) for c in calls]
+            [send("POST", c.path, c.payload, label=nlabel, headers=headers) for c in calls]
         )
         return self.adapter.parse_next_token_topk(calls, bodies, len(contexts), label=nlabel)
 
@@ -408,6 +450,8 @@ class HttpEngine:
         report = ProbeReport(
             engine=self.name, base_url=self.base_url, model=model, logprob_mode=self.adapter.mode
         )
+        header = self.spec.routing_key_header
+        gateway = await check_gateway(self.transport, self.adapter.dialect, header, report)
         try:
             if self.adapter.can_score:
                 await self._probe_semantics(model, report)
@@ -419,6 +463,11 @@ class HttpEngine:
                 await self._probe_seeds(model, report)
             if check_scoring and self.adapter.can_score and self.adapter.semantics == RAW:
                 await self._probe_exact_scoring(model, report)
+        except EngineRequestError as exc:
+            explained = refused_token_ids(gateway, self.adapter.dialect, str(exc))
+            if explained is None:
+                raise
+            raise ProbeError(explained, engine=self.name) from exc
         except InvalidResponseError as exc:
             if exc.engine:
                 raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 
@@ -66,6 +67,23 @@ def declared_length(headers: Mapping[str, str]) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    """The headers of a request without a body and of one with a JSON body, built once (read
+    only: a chain's set is its own, and sending it costs no copy)."""
+
+    plain: Mapping[str, str]
+    json: Mapping[str, str]
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str]) -> RequestHeaders:
+        plain = dict(headers)
+        return cls(
+            MappingProxyType(plain),
+            MappingProxyType({**plain, "Content-Type": "application/json"}),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backends.routing import check_routing_key_header
 from presto_client import defaults
 from presto_client.errors import ConfigError
 from presto_client.urls import host_port, split_userinfo
@@ -50,8 +51,17 @@ class EngineSpec:
     """Display name; default ``kind@host:port``."""
     vocab_size: int | None = None
     """Needed only for temperatures > 1 (bounding the top-K tail)."""
+    routing_key_header: str | None = None
+    """The header a gateway in front of the replicas routes by (``x-smg-routing-key`` for
+    ``smg``, ``x-session-id`` for ``vllm-router``): every request of a chain carries the chain's
+    key in it (:mod:`backends.routing`); ``None``: no key sent."""
 
     def __post_init__(self) -> None:
+        if self.routing_key_header is not None:
+            try:
+                check_routing_key_header(self.routing_key_header)
+            except ValueError as exc:
+                raise ConfigError(f"routing_key_header: {exc}") from None
         if isinstance(self.base_urls, str):  # a common slip: one URL instead of a tuple
             object.__setattr__(self, "base_urls", (self.base_urls,))
         else:
@@ -103,6 +113,8 @@ class ProbeReport:
     logprob_mode: str
     healthy: bool = True
     seeds_honoured: bool | None = None
+    gateway: str | None = None
+    """The gateway found at the URL (``smg``, ``vllm-router``, ...; ``None``: none)."""
     max_abs_logprob_diff: float | None = None
     """The largest |returned − expected| logprob seen while checking the logprob semantics."""
     problems: list[str] = field(default_factory=list)

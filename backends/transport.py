@@ -38,6 +38,7 @@ from backends.http_errors import FINAL_5XX, body_message, describe_transport_err
 from backends.pool import (
     Pool,
     ReadTimeout,
+    RequestHeaders,
     ResponseTooLarge,
     StreamReply,
     TransportError,
@@ -129,8 +130,9 @@ class Transport:
             headers["Authorization"] = f"Bearer {api_key}"
         if userinfo is not None:
             headers["Authorization"] = _basic_auth_header(*userinfo)
-        self._headers = headers
-        self._json_headers = {**headers, "Content-Type": "application/json"}
+        self._base_headers = headers
+        self.headers = RequestHeaders.of(headers)
+        """What every request carries (a routed chain's add its key: :meth:`with_header`)."""
         self._pool: Pool = (
             pool
             if pool is not None
@@ -143,6 +145,10 @@ class Transport:
         self._sleep: Sleep = sleep if sleep is not None else asyncio.sleep
         self.requests_sent = 0
         self.retries = 0
+
+    def with_header(self, name: str, value: str) -> RequestHeaders:
+        """The request headers plus ``name: value`` (a chain's routing key), built once."""
+        return RequestHeaders.of({**self._base_headers, name: value})
 
     # ---- errors
 
@@ -278,11 +284,17 @@ class Transport:
     # ---- requests
 
     async def _fetch(
-        self, method: str, path: str, body: bytes | None, label: str, max_bytes: int | None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        label: str,
+        max_bytes: int | None,
+        sent: RequestHeaders,
     ) -> bytes:
         """One attempt: the answer's body, its status checked."""
         self.requests_sent += 1
-        headers = self._headers if body is None else self._json_headers
+        headers = sent.plain if body is None else sent.json
         cap = response_cap(self.max_response_mb) if max_bytes is None else max_bytes
         try:
             async with asyncio.timeout(self.request_deadline_s):
@@ -307,18 +319,21 @@ class Transport:
         *,
         label: str,
         max_bytes: int | None = None,
+        headers: RequestHeaders | None = None,
     ) -> Any:
         """Send one request (with retries) and decode its JSON answer (``max_bytes``: its
-        size cap, default ``max_response_mb``; see :func:`response_cap`)."""
+        size cap, default ``max_response_mb``, see :func:`response_cap`; ``headers``: a
+        chain's own, default :attr:`headers`)."""
         content = None if payload is None else orjson.dumps(payload)
+        sent = self.headers if headers is None else headers
         data: bytes = await self._with_retries(
-            lambda: self._fetch(method, path, content, label, max_bytes), label
+            lambda: self._fetch(method, path, content, label, max_bytes, sent), label
         )
         return decode_json(data, label)
 
     async def get_text(self, path: str, *, label: str) -> str:
         data: bytes = await self._with_retries(
-            lambda: self._fetch("GET", path, None, label, None), label
+            lambda: self._fetch("GET", path, None, label, None, self.headers), label
         )
         return data.decode("utf-8", "replace")
 
@@ -329,7 +344,7 @@ class Transport:
         try:
             async with asyncio.timeout(self.request_deadline_s):
                 reply = await self._pool.fetch(
-                    "GET", self._url + path, None, self._headers, max_bytes=cap
+                    "GET", self._url + path, None, self.headers.plain, max_bytes=cap
                 )
         except TransportError as exc:
             raise self._unavailable(exc, 1) from exc
@@ -341,12 +356,14 @@ class Transport:
             self._refuse_redirect(reply.status, reply.headers, f"GET {path}")
         return reply.status
 
-    async def _open(self, path: str, content: bytes, label: str, deadline: float) -> StreamReply:
+    async def _open(
+        self, path: str, content: bytes, label: str, deadline: float, sent: RequestHeaders
+    ) -> StreamReply:
         """One attempt of a streaming POST: its headers received and checked."""
         self.requests_sent += 1
         try:
             async with asyncio.timeout_at(deadline):
-                reply = await self._pool.open("POST", self._url + path, content, self._json_headers)
+                reply = await self._pool.open("POST", self._url + path, content, sent.json)
                 if reply.status >= 400:
                     try:
                         body = await self._read_error_body(reply, label)
@@ -376,7 +393,13 @@ class Transport:
         return b"".join(parts)
 
     async def stream_event_batches(
-        self, path: str, payload: dict[str, Any], *, label: str, max_bytes: int | None = None
+        self,
+        path: str,
+        payload: dict[str, Any],
+        *,
+        label: str,
+        max_bytes: int | None = None,
+        headers: RequestHeaders | None = None,
     ) -> AsyncGenerator[list[Any], None]:
         """Server-sent events of a streaming POST, decoded from JSON, until ``[DONE]``: the
         events decoded from each network read together (one list per read that completed at
@@ -391,8 +414,9 @@ class Transport:
         deadline = asyncio.get_running_loop().time() + self.request_deadline_s
         cap = response_cap(self.max_response_mb) if max_bytes is None else max_bytes
         line_cap = max(cap // SSE_LINE_SHARE, 1)
+        sent = self.headers if headers is None else headers
         reply: StreamReply = await self._with_retries(
-            lambda: self._open(path, content, label, deadline), label
+            lambda: self._open(path, content, label, deadline, sent), label
         )
         decoder = SSEDecoder()
         size = 0

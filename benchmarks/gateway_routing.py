@@ -11,21 +11,35 @@ Token ids travel on the route each gateway carries unchanged: vLLM's ``/v1/compl
 through ``vllm-router``, SGLang's ``/generate`` through ``smg`` (``smg`` 1.13 refuses token ids
 on ``/v1/completions``; see docs/backends.md).
 
+Two parts, in one run:
+
+* ``requests``: scripted chains of plain HTTP requests, one at a time (the placement each
+  policy makes, with nothing else going on);
+* ``presto``: presto itself, a job of power-sampling chains (``sequential`` and ``crn`` arms,
+  many chains in flight) through the real client path, the engine's ``base_url`` the gateway,
+  with and without ``routing_key_header``; a chain is told apart on the workers by its
+  prompt's first token.
+
 Run it (needs ``bash scripts/gateways.sh setup``):
-``python -m benchmarks.gateway_routing --chains 16 --steps 8``.
+``python -m benchmarks.gateway_routing --chains 16 --steps 8 --jobs-chains 32``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import random
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.loading import validate_job_config
 from tests.support.emulation import EmulationServer
 from tests.support.gateways import (
     CONSISTENT_HASH,
@@ -34,6 +48,7 @@ from tests.support.gateways import (
     post_json,
     running_gateway,
 )
+from tests.support.plans import plan_of
 
 ROUTE = {"vllm-router": ("vllm", "/v1/completions"), "smg": ("sglang", "/generate")}
 POLICIES = {
@@ -75,8 +90,8 @@ def _body(dialect: str, prompt: list[int]) -> dict[str, Any]:
 
 
 @contextmanager
-def _workers(dialect: str, n: int) -> Iterator[list[EmulationServer]]:
-    servers = [EmulationServer(dialect, max_model_len=4096).start() for _ in range(n)]
+def _workers(dialect: str, n: int, **options: Any) -> Iterator[list[EmulationServer]]:
+    servers = [EmulationServer(dialect, max_model_len=4096, **options).start() for _ in range(n)]
     try:
         yield servers
     finally:
@@ -137,6 +152,158 @@ def run(chains: int, steps: int, prefix: int, grow: int, seed: int) -> list[Arm]
     return arms
 
 
+# ---- presto itself through the gateways
+
+JOB_KIND = {"vllm-router": "vllm", "smg": "sglang"}
+"""The engine kind whose route each gateway carries (its workers' dialect)."""
+JOB_VOCAB = 512
+FIRST = 256
+"""A job's chain i has a prompt starting with token FIRST + i (the probe's starts with 1)."""
+JOB_POLICIES = {
+    "vllm-router": ("consistent_hash", "cache_aware", "round_robin"),
+    "smg": ("consistent_hashing", "cache_aware", "round_robin"),
+}
+
+
+@dataclass(frozen=True)
+class JobArm:
+    gateway: str
+    policy: str
+    keyed: bool
+    per_replica: tuple[int, ...]
+    split_chains: int
+    hit_rate: float
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class JobShape:
+    chains: int
+    prefix: int
+    block_size: int
+    num_blocks: int
+    concurrency: int
+    seed: int
+
+    def prompts(self) -> list[list[int]]:
+        rng = random.Random(self.seed)
+        return [
+            [FIRST + i, *(rng.randrange(FIRST) for _ in range(self.prefix - 1))]
+            for i in range(self.chains)
+        ]
+
+
+def _job(shape: JobShape, kind: str, url: str, header: str | None, out: Path) -> Any:
+    return validate_job_config(
+        {
+            "name": "gateway-routing",
+            "engines": [
+                {
+                    "kind": kind,
+                    "name": "gw",
+                    "base_url": url,
+                    "vocab_size": JOB_VOCAB,
+                    "max_concurrency": shape.concurrency,
+                    "routing_key_header": header,
+                }
+            ],
+            "prompts": {"token_ids": shape.prompts()},
+            "sampler": {
+                "alpha": 4.0,
+                "block_size": shape.block_size,
+                "num_blocks": shape.num_blocks,
+                "steps_per_block": 4,
+                "traversals": ["sequential", "crn"],
+                "n_pf": 4,
+            },
+            "chains_per_prompt": 1,
+            "seed": shape.seed,
+            "output_dir": str(out),
+            "max_concurrency": shape.concurrency,
+        }
+    )
+
+
+def _run_job(
+    shape: JobShape, kind: str, url: str, header: str | None, workers: Sequence[EmulationServer]
+) -> tuple[tuple[int, ...], int, float, float]:
+    """One presto job through ``url``; per-replica chain requests, chains split, hit rate."""
+    with tempfile.TemporaryDirectory(prefix="gateway-job-") as out:
+        cfg = _job(shape, kind, url, header, Path(out) / "run")
+        start = time.perf_counter()
+        result = asyncio.run(run_job_async(plan_of(cfg)))
+        wall = time.perf_counter() - start
+    if result.failed:
+        raise RuntimeError(f"{result.failed} chain(s) failed through {url}")
+    field = "prompt" if kind == "vllm" else "input_ids"
+    per_replica: list[int] = []
+    touched: dict[int, set[int]] = {}
+    for j, w in enumerate(workers):
+        mine = [p[field] for p in w.stats.payloads if isinstance(p.get(field), list)]
+        mine = [ids for ids in mine if ids and FIRST <= ids[0] < FIRST + shape.chains]
+        per_replica.append(len(mine))
+        for ids in mine:
+            touched.setdefault(ids[0] - FIRST, set()).add(j)
+    queries = sum(w.stats.prefix_queries for w in workers)
+    hits = sum(w.stats.prefix_hits for w in workers)
+    split = sum(1 for replicas in touched.values() if len(replicas) > 1)
+    return tuple(per_replica), split, hits / queries if queries else 0.0, wall
+
+
+def run_jobs(
+    shape: JobShape,
+    gateways: Sequence[str] = ("vllm-router", "smg"),
+    policies: dict[str, tuple[str, ...]] | None = None,
+) -> list[JobArm]:
+    """presto jobs: one replica alone, then each gateway's policies (the key-reading one with
+    and without ``routing_key_header``), each arm on fresh workers."""
+    arms: list[JobArm] = []
+    with tempfile.TemporaryDirectory(prefix="gateway-routing-") as logs:
+        for kind in gateways:
+            dialect = JOB_KIND[kind]
+            # exact scoring where an interval cannot settle a decision (vLLM: --max-logprobs
+            # -1), and seeds honoured (SGLang: deterministic inference), as a real job asks
+            options: dict[str, Any] = {"vocab_size": JOB_VOCAB}
+            options.update({"max_logprobs": -1} if dialect == "vllm" else {"deterministic": True})
+            with _workers(dialect, 1, **options) as (alone,):
+                counts, split, rate, wall = _run_job(shape, dialect, alone.base_url, None, [alone])
+            arms.append(JobArm(kind, "(one replica, no gateway)", False, counts, 0, rate, wall))
+            if gateway_binary(kind) is None:
+                raise SystemExit(f"{kind} is not set up: run `bash scripts/gateways.sh setup`")
+            for policy in (policies or JOB_POLICIES)[kind]:
+                for keyed in (True, False) if policy == CONSISTENT_HASH[kind] else (False,):
+                    with (
+                        _workers(dialect, 2, **options) as workers,
+                        running_gateway(
+                            kind, policy, [w.base_url for w in workers], log_dir=Path(logs)
+                        ) as gateway,
+                    ):
+                        header = ROUTING_KEY_HEADER[kind] if keyed else None
+                        counts, split, rate, wall = _run_job(
+                            shape, dialect, gateway.base_url, header, workers
+                        )
+                    arms.append(JobArm(kind, policy, keyed, counts, split, rate, wall))
+    return arms
+
+
+def _print_jobs(shape: JobShape, arms: Sequence[JobArm]) -> None:
+    print(
+        f"presto jobs: {shape.chains} chains x arms sequential+crn, prompts {shape.prefix} "
+        f"tokens, {shape.num_blocks} blocks of {shape.block_size}, {shape.concurrency} "
+        "requests in flight, two emulation replicas"
+    )
+    print(
+        f"{'gateway':<12} {'policy':<27} {'key':<4} {'per replica':<12} {'split':>5} "
+        f"{'hit':>6} {'wall':>7}"
+    )
+    for arm in arms:
+        replicas = "/".join(str(n) for n in arm.per_replica)
+        print(
+            f"{arm.gateway:<12} {arm.policy:<27} {'yes' if arm.keyed else 'no':<4} "
+            f"{replicas:<12} {arm.split_chains:>5} {arm.hit_rate:>6.1%} {arm.wall_s:>6.1f}s"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gateway_routing")
     parser.add_argument("--chains", type=int, default=16)
@@ -144,7 +311,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefix", type=int, default=64, help="tokens of a chain's first prompt")
     parser.add_argument("--grow", type=int, default=16, help="tokens a chain's prompt gains a step")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--part", choices=("requests", "presto", "both"), default="both", help="what to run"
+    )
+    parser.add_argument("--jobs-chains", type=int, default=32, help="chains of a presto job")
+    parser.add_argument("--jobs-prefix", type=int, default=64, help="prompt tokens of a chain")
+    parser.add_argument("--jobs-block", type=int, default=16, help="sampler.block_size")
+    parser.add_argument("--jobs-blocks", type=int, default=4, help="sampler.num_blocks")
+    parser.add_argument("--jobs-concurrency", type=int, default=16, help="requests in flight")
     args = parser.parse_args(argv)
+    # The probe's warning that a gateway gets no routing key is what the unkeyed arms measure.
+    logging.basicConfig(level=logging.ERROR)
+    if args.part in ("presto", "both"):
+        shape = JobShape(
+            args.jobs_chains,
+            args.jobs_prefix,
+            args.jobs_block,
+            args.jobs_blocks,
+            args.jobs_concurrency,
+            args.seed,
+        )
+        _print_jobs(shape, run_jobs(shape))
+    if args.part == "presto":
+        return
     arms = run(args.chains, args.steps, args.prefix, args.grow, args.seed)
     print(
         f"{args.chains} chains x {args.steps} requests, prompts {args.prefix} tokens + "

@@ -236,6 +236,15 @@ class PrefixCacheMetered(Protocol):
 
 
 @runtime_checkable
+class Routable(Protocol):
+    """An engine that can tell a gateway which chain a request belongs to: ``routed(key)`` is
+    one chain's view whose every request carries ``key`` (the engine itself when it sends no
+    key), so that a gateway in front of several replicas keeps the chain on one of them."""
+
+    def routed(self, key: str) -> Engine: ...
+
+
+@runtime_checkable
 class ContextLimited(Protocol):
     """An engine whose server states its context length (``None`` until known)."""
 

@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from backends import check_routing_key_header
 from backends.registry import BUILTIN_BACKENDS, available_backends, create_engine
 from backends.spec import EngineSpec
 from presto_client import defaults
@@ -236,6 +237,19 @@ class HttpEngineConfig(EngineConfigBase):
         "1, and token ids at or past it (answers, prompts) are refused. No server API gives it.",
     )
     probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
+    routing_key_header: str | None = Field(
+        None,
+        description="Behind a gateway (base_url is smg or vllm-router in front of several "
+        "replicas): the header its consistent-hash policy reads, e.g. x-smg-routing-key (smg, "
+        "policy consistent_hashing, kind sglang) or x-session-id (vllm-router, policy "
+        "consistent_hash, kind vllm). Every request of a chain then carries the chain's key, "
+        "so the gateway keeps the chain on one replica (its prefix cache); null: no key.",
+    )
+
+    @field_validator("routing_key_header")
+    @classmethod
+    def _header_name(cls, name: str | None) -> str | None:
+        return None if name is None else check_routing_key_header(name)
 
     @field_validator("kind")
     @classmethod
@@ -300,6 +314,7 @@ class HttpEngineConfig(EngineConfigBase):
             restart_window_s=self.restart_window_s,
             name=str(self.name),
             vocab_size=self.vocab_size,
+            routing_key_header=self.routing_key_header,
         )
         return HttpOpener(spec, self.api_key_env, index)
 

@@ -242,6 +242,9 @@ def describe_probe(name: str, report: Any) -> list[str]:
     extra = ""
     if report.seeds_honoured is not None:
         extra = f", seeds honoured: {report.seeds_honoured}"
+    gateway = getattr(report, "gateway", None)  # (HTTP engines: the gateway at the URL)
+    if gateway:
+        extra += f", through the gateway {gateway}"
     lines = [
         f"  {name} {report.base_url}: ok, model {server_text(report.model)}, "
         f"logprob mode {report.logprob_mode}{extra}"

@@ -43,7 +43,7 @@ from presto_client.orchestration.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.planned import JobPlan, PlannedChain
+from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_key
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
@@ -261,6 +261,7 @@ async def _run_chains(
                 n_pf=c.size,
                 predictor=plan.predictor,
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
+                routing_key=routing_key(plan.fingerprint, f"p{c.prompt_index}/c{c.chain_index}"),
             )
             for c in todo
         ]

@@ -33,7 +33,13 @@ from typing import Any, Protocol, TypeVar
 from presto_client import defaults
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.chain_runner import ChainResult
-from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.engine_protocol import (
+    Engine,
+    ProposalRequest,
+    Routable,
+    ScoredTokens,
+    ScoreRequest,
+)
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.runners import run_chain
 from presto_client.core.settings import ROUND_SIZE, SamplerConfig
@@ -249,6 +255,9 @@ class ChainSpec:
     """The predictive traversal's certainty predictor; ``None``: the paper's."""
     replica_key: str = ""
     """Chains with the same key use the same replica (default: the chain id)."""
+    routing_key: str = ""
+    """What the chain's requests tell a gateway in front of the replicas (an engine with a
+    ``routing_key_header`` sends it; default: the replica key)."""
 
 
 @dataclass(slots=True)
@@ -328,9 +337,10 @@ class Orchestrator:
     async def _run_one(self, spec: ChainSpec) -> ChainOutcome:
         pool = self.pools[spec.engine]
         replica = pool.replica_for(spec.replica_key or spec.chain_id)
-        view = LimitedEngine(
-            pool.replicas[replica], self.limits.for_engine(spec.engine), self.limits.global_slots
-        )
+        engine = pool.replicas[replica]
+        if isinstance(engine, Routable):
+            engine = engine.routed(spec.routing_key or spec.replica_key or spec.chain_id)
+        view = LimitedEngine(engine, self.limits.for_engine(spec.engine), self.limits.global_slots)
         outcome = ChainOutcome(spec, replica)
         for sink in self.sinks:
             sink.chain_started(spec, replica)

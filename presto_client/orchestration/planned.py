@@ -3,11 +3,14 @@
 :func:`~presto_client.orchestration.plan.make_plan` resolves a validated job config (pydantic)
 into these objects; the engines' opening, the job's run, the orchestrator and the run directory
 see only them, never the config's models. An engine kind says how its replicas are opened by
-handing the plan a :class:`ReplicaOpener` (a plain object of its own).
+handing the plan a :class:`ReplicaOpener` (a plain object of its own). A chain's key for a
+gateway (:func:`routing_key`) is derived from the plan's fingerprint here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,3 +158,19 @@ class JobPlan:
     @property
     def output_dir(self) -> Path:
         return self.settings.output_dir
+
+
+def routing_key(fingerprint: Mapping[str, Any], replica_key: str) -> str:
+    """The key a chain's requests carry to a gateway (``routing_key_header``): the same for the
+    same chain in every session of the same work, so a resumed or rerun chain goes back to the
+    replica that holds its prefix, and different for another job's chain of the same index.
+
+    The chain is named by its replica key (its prompt and chain index), which the arms of one
+    (prompt, chain) share: they replay one chain's prefixes, so one replica's cache serves them
+    all. The fingerprint enters without its engines, which a run may gain later (a new arm must
+    not move the chains already there).
+    """
+    work = {k: v for k, v in fingerprint.items() if k != "engines"}
+    payload = json.dumps(work, sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.sha256(f"{payload}\n{replica_key}".encode()).hexdigest()
+    return f"presto-{digest[:20]}"

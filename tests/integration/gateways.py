@@ -2,10 +2,10 @@
 
 ``gateway_pair`` is a factory: ``with gateway_pair("smg", "consistent_hashing", "sglang") as
 (gateway, workers)`` runs the gateway in front of two fresh emulation servers of that dialect
-on free loopback ports and stops everything when the block ends. The binaries come from
-``scripts/gateways.sh setup`` (``$PRESTO_GATEWAY_HOME``, default
-``~/.cache/presto-client/gateways``); a gateway that is not set up skips the test and says how
-to set it up.
+(keyword arguments go to :class:`EmulationServer`) on free loopback ports and stops everything
+when the block ends. The binaries come from ``scripts/gateways.sh setup``
+(``$PRESTO_GATEWAY_HOME``, default ``~/.cache/presto-client/gateways``); a gateway that is not
+set up skips the test and says how to set it up.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,14 +29,14 @@ GatewayPair = Callable[
 def gateway_pair(tmp_path: Path) -> GatewayPair:
     @contextlib.contextmanager
     def start(
-        kind: str, policy: str, dialect: str = "vllm", *, retries: bool = True
+        kind: str, policy: str, dialect: str = "vllm", *, retries: bool = True, **server: Any
     ) -> Iterator[tuple[Gateway, list[EmulationServer]]]:
         binary = gateway_binary(kind)
         if binary is None:
             pytest.skip(
                 f"{kind} is not set up in {GATEWAY_HOME}: run `bash scripts/gateways.sh setup`"
             )
-        workers = [EmulationServer(dialect).start() for _ in range(2)]
+        workers = [EmulationServer(dialect, **server).start() for _ in range(2)]
         try:
             with running_gateway(
                 kind,
