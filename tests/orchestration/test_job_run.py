@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,14 @@ async def test_summary_json_and_csv(tmp_path: Path) -> None:
     assert crn["identical_to_baseline"] == 8
     assert crn["transitions_per_call"] > 1.0
     assert crn["speedup_min"] <= crn["speedup_median"] <= crn["speedup_max"]
-    assert crn["speedup_median"] > 1.0  # fewer calls of the same simulated latency
+    # the speedup is the median over chains of sequential's model-call time over crn's, paired
+    # by (prompt, chain); a ratio of wall-clock times, so its size is left to the benchmarks
+    times = {
+        (s["traversal"], s["prompt_index"], s["chain_index"]): s["stats"]["model_call_time_s"]
+        for s in lines(tmp_path / "run" / "samples.jsonl")
+    }
+    ratios = [times[("sequential", p, c)] / t for (arm, p, c), t in times.items() if arm == "crn"]
+    assert crn["speedup_median"] == pytest.approx(statistics.median(ratios))
     assert crn["requests_used"] == crn["transitions"] == 48
     assert crn["requests_issued"] >= crn["requests_used"]
     assert 0 <= crn["acceptance_rate"] <= 1
