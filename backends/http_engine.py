@@ -168,7 +168,7 @@ class HttpEngine:
             if other is None:
                 raise
             raise EngineRequestError(
-                f"{exc}; but {self.base_url}{other[0]} answers: this looks like {other[1]}, "
+                f"{exc.detail}; but {self.base_url}{other[0]} answers: this looks like {other[1]}, "
                 "not the configured kind: fix `kind` in the engine config",
                 engine=self.name,
             ) from exc

@@ -21,6 +21,7 @@ class EngineError(PrestoError):
     def __init__(self, message: str, *, engine: str = "", retryable: bool = False) -> None:
         prefix = f"[{engine}] " if engine else ""
         super().__init__(prefix + message)
+        self.detail = message  # without the engine's prefix, for a message that wraps this one
         self.engine = engine
         self.retryable = retryable
 

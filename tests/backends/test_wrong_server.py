@@ -128,3 +128,21 @@ async def test_kind_sglang_against_a_vllm_server_names_the_dialect_that_answered
     assert "model discovery: HTTP 404" in text
     assert "/v1/models answers" in text and "kind: vllm" in text
     await e.aclose()
+
+
+def sglang_server(request: Sent) -> Answer:
+    """An SGLang server's model listing; no OpenAI one."""
+    if request.path == "/get_model_info":
+        return json_answer(200, {"model_path": "m"})
+    return text_answer(404, '{"detail":"Not Found"}', "application/json")
+
+
+async def test_the_other_dialect_is_named_and_the_engine_once() -> None:
+    spec = EngineSpec("vllm", ("http://box:8000",), name="gw")
+    e = create_engine(spec, pool=MemoryPool(sglang_server))  # type: ignore[arg-type]
+    with pytest.raises(EngineError) as info:
+        await e.model()  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "an SGLang server (kind: sglang)" in text and "fix `kind`" in text
+    assert text.startswith("[gw] ") and text.count("[gw]") == 1
+    await e.aclose()  # type: ignore[attr-defined]
