@@ -73,8 +73,10 @@ class _VirtualSelector(selectors.DefaultSelector):
 
     def select(self, timeout: float | None = None) -> list[Any]:
         ready = super().select(0)
-        if ready or timeout is None:
-            return ready if ready or timeout is not None else super().select(None)
+        if ready:
+            return ready
+        if timeout is None:  # no timer pending: only real I/O (a thread's wake-up) can come
+            return super().select(None)
         self._clock.now += max(timeout, 0.0)
         return []
 
