@@ -1,0 +1,222 @@
+"""The demo's speculation decisions on a simulated engine, in virtual time.
+
+How much the demo speculates is decided by the engine's shared speculation budget from the
+timings the engine shows (its cost fit, :mod:`presto_client.core.speculation`). On the embedded
+CPU engine those timings move with the machine's load, so two runs of ``presto run
+configs/demo.yaml`` differ even on the same code, and a difference between two checkouts says
+little by itself. Here the engine's cost is a fixed curve and the clock is virtual: a decode step
+with ``n`` sequences in flight costs ``a + b·n`` seconds per token after a first-token latency,
+and the event loop's clock (and ``time.perf_counter``, which the runners read) jumps straight to
+the next timer. The decisions are then a function of the code alone: two checkouts that feed and
+consult the budget alike print the same requests issued per arm and the same digest of every
+round (requests, used, wall time).
+
+``python benchmarks/budget_replay.py`` runs the demo's arms and sampler settings
+(``configs/demo.yaml``, the engine replaced by the reference model behind the curve) on three
+curves. Run it from another checkout's root with ``PYTHONPATH=.`` to compare that checkout's
+decisions with this one's: it uses only the job API (``validate_job_config``, ``make_plan``,
+``run_job_async``), which earlier releases have too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import selectors
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.loading import load_prompts, validate_job_config
+from presto_client.orchestration.plan import make_plan
+
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+PROMPTS = ([1, 2, 3], [1, 2, 4], [1, 2, 5])
+"""One prompt per text of the demo (token ids of the reference model)."""
+VOCAB_SIZE = 64
+CURVES: dict[str, tuple[float, float, float]] = {
+    "flat": (0.006, 0.0005, 0.01),
+    "mixed": (0.003, 0.003, 0.02),
+    "compute-bound": (0.05, 0.02, 0.1),
+}
+"""Named cost curves: ``(a, b, first-token latency)`` in seconds."""
+
+
+class VirtualClock:
+    """A clock that advances only when the event loop would otherwise wait."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    """Waits for nothing: a timed wait moves the clock to its deadline at once."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        ready = super().select(0)
+        if ready:
+            return ready
+        if timeout is None:  # no timer pending: only real I/O (a thread's wake-up) can come
+            return super().select(None)
+        self._clock.now += max(timeout, 0.0)
+        return []
+
+
+class _VirtualLoop(asyncio.SelectorEventLoop):
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(_VirtualSelector(clock))
+        self._clock = clock
+
+    def time(self) -> float:
+        return self._clock()
+
+
+@contextlib.contextmanager
+def virtual_time() -> Iterator[Callable[[Any], Any]]:
+    """``run(coroutine)`` on an event loop in virtual time; ``time.perf_counter`` and
+    ``time.monotonic`` read the same clock meanwhile (the runners time their calls with them)."""
+    clock = VirtualClock()
+    saved = time.perf_counter, time.monotonic
+    loop = _VirtualLoop(clock)
+    time.perf_counter = time.monotonic = clock
+    try:
+        yield loop.run_until_complete
+    finally:
+        time.perf_counter, time.monotonic = saved
+        loop.close()
+
+
+class CostCurveEngine:
+    """The reference model served at a fixed cost: every token of a request takes
+    ``a + b·n`` seconds with ``n`` sequences in flight, after a first-token latency."""
+
+    def __init__(
+        self, a: float, b: float, first: float, *, name: str, max_concurrency: int
+    ) -> None:
+        self.inner = ReferenceEngine(ReferenceModel(VOCAB_SIZE, seed=5), name=name)
+        self.name = name
+        self.a, self.b, self.first = a, b, first
+        self._max_concurrency = max_concurrency
+        self.active = 0
+
+    @property
+    def max_concurrency(self) -> int:
+        return self._max_concurrency
+
+    async def _served(self, whole: ScoredTokens) -> AsyncIterator[ScoredTokens]:
+        self.active += 1
+        try:
+            await asyncio.sleep(self.first)
+            for i in range(len(whole)):
+                await asyncio.sleep(self.a + self.b * self.active)
+                yield whole.slice(i, i + 1)
+        finally:
+            self.active -= 1
+
+    async def _one(self, request: ProposalRequest) -> ScoredTokens:
+        (whole,) = await self.inner.generate([request])
+        async for _ in self._served(whole):
+            pass
+        return whole
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        (whole,) = await self.inner.generate([request])
+        async for chunk in self._served(whole):
+            yield chunk
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+        return await self.inner.score(requests)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayFigures:
+    curve: str
+    issued: dict[str, int]
+    """Requests issued per arm (its traversal)."""
+    digest: str
+    """Of every round record in run order: chain, kind, requests, used, wall time."""
+
+
+def demo_job(output_dir: Path) -> dict[str, Any]:
+    """The demo's config with its engine replaced by a reference engine of the same bound."""
+    data = yaml.safe_load(DEMO_CONFIG.read_text())
+    (engine,) = data["engines"]
+    data["engines"] = [
+        {
+            "kind": "reference",
+            "name": engine["name"],
+            "vocab_size": VOCAB_SIZE,
+            "max_concurrency": engine["max_concurrency"],
+        }
+    ]
+    data["prompts"] = {"token_ids": [list(p) for p in PROMPTS]}
+    data["output_dir"] = str(output_dir)
+    return data
+
+
+async def _replay(curve: str, a: float, b: float, first: float, output_dir: Path) -> ReplayFigures:
+    cfg = validate_job_config(demo_job(output_dir))
+    (engine,) = cfg.engines
+    name = str(engine.name)
+    served = CostCurveEngine(a, b, first, name=name, max_concurrency=engine.max_concurrency)
+    plan = make_plan(cfg, prompts=load_prompts(cfg))
+    await run_job_async(plan, engine_overrides={name: [served]}, probe=False)
+    issued: dict[str, int] = {}
+    digest = hashlib.sha256()
+    for line in (output_dir / "records.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        digest.update(
+            repr(
+                (r["chain_id"], r["kind"], r["requests"], r["used"], round(r["wall_s"], 9))
+            ).encode()
+        )
+        if r["kind"] != "extend":
+            issued[r["traversal"]] = issued.get(r["traversal"], 0) + int(r["requests"])
+    return ReplayFigures(curve, issued, digest.hexdigest()[:12])
+
+
+def replay(curve: str, a: float, b: float, first: float) -> ReplayFigures:
+    """The demo's job on the cost curve ``(a, b, first)``, in virtual time."""
+    with tempfile.TemporaryDirectory() as tmp, virtual_time() as run:
+        figures: ReplayFigures = run(_replay(curve, a, b, first, Path(tmp) / "run"))
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--curve", choices=sorted(CURVES), action="append")
+    args = parser.parse_args(argv)
+    for curve in args.curve or list(CURVES):
+        f = replay(curve, *CURVES[curve])
+        arms = "  ".join(f"{t} {n}" for t, n in f.issued.items())
+        print(f"{curve:14s} issued: {arms}  digest {f.digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
