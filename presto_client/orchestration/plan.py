@@ -183,6 +183,7 @@ def job_settings(cfg: JobConfig, num_chains: int) -> JobSettings:
         system_prompt=cfg.prompts.system_prompt,
         grader=cfg.grader.to_spec() if cfg.grader is not None else None,
         resolved_config=redacted_dump(cfg),
+        executor=cfg.executor.to_settings(),
     )
 
 
