@@ -288,6 +288,15 @@ class OrchestratorResult:
     failed: list[ChainOutcome] = field(default_factory=list)
 
 
+def failure_budget_error(failed: int, budget: int, last: ChainOutcome) -> JobFailedError:
+    """The job's stop when ``failed`` chains exceed the failure budget (``last`` failed last)."""
+    return JobFailedError(
+        f"{failed} chain(s) failed, more than the failure budget of {budget} "
+        f"(max_failed_chains); the job was stopped. Last error ({last.spec.chain_id}): "
+        f"{last.error}"
+    )
+
+
 def _describe_error(exc: BaseException) -> str:
     text = redact_text(str(exc) or repr(exc))
     return text if isinstance(exc, PrestoError) else f"{type(exc).__name__}: {text}"
@@ -395,10 +404,8 @@ class Orchestrator:
                 return  # the job is stopping already
             if len(self.result.failed) > self.max_failed_chains:
                 queue.clear()
-                self._fatal = JobFailedError(
-                    f"{len(self.result.failed)} chain(s) failed, more than the failure budget "
-                    f"of {self.max_failed_chains} (max_failed_chains); the job was stopped. "
-                    f"Last error ({spec.chain_id}): {outcome.error}"
+                self._fatal = failure_budget_error(
+                    len(self.result.failed), self.max_failed_chains, outcome
                 )
                 raise self._fatal
 
