@@ -81,6 +81,11 @@ def _check_reachable(address: str, timeout_s: float) -> None:
         ) from None
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
 def _package_root() -> str:
     """The folder the driver imports presto_client from: local workers import the same copy."""
     return str(Path(__file__).resolve().parents[2])
@@ -185,14 +190,16 @@ class RayExecutor:
                 f"placed and opened within {timeout:g} s (executor.connect_timeout_s); the "
                 "cluster has too few free CPUs, or a worker cannot start"
             ) from None
-        except PrestoError:
-            raise
-        except Exception as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, PrestoError):
-                where = self.placed.get(i, {}).get("node", "its node")
-                raise type(cause)(f"Ray worker {i} (on {where}): {cause}") from None
-            raise EngineUnavailableError(f"Ray worker {i} did not start: {exc}") from None
+        except ray.exceptions.RayTaskError as exc:
+            # (the worker's own error, raised in its process: said as the driver would say it)
+            cause = exc.cause
+            what = str(cause) if isinstance(cause, PrestoError) else _first_line(exc)
+            error = ConfigError if isinstance(cause, ConfigError) else EngineUnavailableError
+            raise error(f"Ray worker {i} could not open its engines: {what}") from None
+        except ray.exceptions.RayError as exc:
+            raise EngineUnavailableError(
+                f"Ray worker {i} did not start: {_first_line(exc)}"
+            ) from None
         logger.info(
             "ray executor: %d worker(s) on %s",
             n,
@@ -267,7 +274,7 @@ class RayExecutor:
                         "Ray worker %d died (%s); its %d unfinished chain(s) go to the "
                         "%d worker(s) left",
                         worker,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                        _first_line(exc),
                         len(left),
                         len(alive),
                     )
@@ -290,7 +297,7 @@ class RayExecutor:
     async def close(self) -> None:
         """Close every live worker's engines (briefly), then end the actors."""
         ray = self.session.ray
-        closing = {i: a.close.remote() for i, a in self.actors.items()}
+        closing = {i: a.close.remote() for i, a in self.actors.items() if i in self.placed}
         for i, ref in closing.items():
             try:
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
