@@ -21,7 +21,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,18 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[-1] if text else type(exc).__name__
 
 
+def _reclaim_signals() -> None:
+    """Give SIGTERM and SIGINT back to this process's Python handlers (``presto run``'s: stop
+    the job, keep what finished). Ray's core worker installs a C failure handler over them when
+    it starts in the driver, which prints a stack and aborts the process instead."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
 def _package_root() -> str:
     """The folder the driver imports presto_client from: local workers import the same copy."""
     return str(Path(__file__).resolve().parents[2])
@@ -107,7 +121,8 @@ class RaySession:
         if address is not None and address != "auto":
             _check_reachable(address, settings.connect_timeout_s)
         kwargs: dict[str, Any] = {
-            "logging_level": logging.WARNING,
+            # (a local start's warnings are about the driver's thread and tokens, not the job)
+            "logging_level": logging.ERROR if address is None else logging.WARNING,
             "include_dashboard": False,
         }
         if settings.runtime_env is not None:
@@ -132,6 +147,7 @@ class RaySession:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = "a local Ray instance" if address is None else f"the cluster at {address!r}"
             raise ConfigError(f"executor.address: could not start or join {where}: {exc}") from None
+        _reclaim_signals()
         return cls(ray, started=True)
 
     def close(self) -> None:
