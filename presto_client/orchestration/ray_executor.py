@@ -128,6 +128,8 @@ class RaySession:
         if settings.runtime_env is not None:
             kwargs["runtime_env"] = dict(settings.runtime_env)
         if address is None:
+            # ("local": a new instance of the job's own, never another process's on this machine)
+            kwargs["address"] = "local"
             kwargs["num_cpus"] = max(1, round(settings.workers * settings.cpus_per_worker))
         else:
             kwargs["address"] = address

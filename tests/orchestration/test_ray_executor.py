@@ -9,8 +9,9 @@ written twice), and the bad inputs are refused before anything is written.
 from __future__ import annotations
 
 import json
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,29 @@ def test_interrupting_a_ray_job_stops_the_workers_and_keeps_what_finished(
     local = _run(_config(tmp_path / "local", {"kind": "local"}, engines=engines))
     assert local.completed == 24
     assert _tokens(out) == _tokens(tmp_path / "local")
+
+
+def test_sigterm_stops_a_ray_job_cleanly_and_the_rerun_resumes(
+    write_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """``presto run`` with the Ray executor (a local Ray instance of its own) stops on SIGTERM
+    as it does locally: exit 143, what finished saved, the summary written, Ray shut down; the
+    rerun (here with the local executor: the executor is no part of the fingerprint) resumes to
+    every chain once."""
+    from test_interrupt import Presto, _check_resumed, _check_stopped, _lines
+
+    run_dir = tmp_path / "run"
+    config = write_config(
+        engines=[{"kind": "reference", "name": "ref", "vocab_size": 6, "latency_s": 0.3}],
+        max_active_chains=2,
+        executor={"kind": "ray", "workers": 2},
+    )
+    job = Presto(config)
+    job.wait_for(lambda: len(_lines(run_dir / "samples.jsonl")) >= 2, "two chains on disk")
+    job.stop(signal.SIGTERM)
+    assert job.proc.returncode == 143, job.stderr
+    assert "SIGTERM received" not in job.stderr, job.stderr  # (Ray's C handler: an abort)
+    done = _check_stopped(run_dir, job.stderr, "terminated (SIGTERM)")
+    assert 2 <= len(done) < 16
+    rerun = job.rerun("--set", "engines[0].latency_s=0", "--set", "executor={kind: local}")
+    _check_resumed(rerun, run_dir, 16)
