@@ -133,6 +133,7 @@ def child_main(args: argparse.Namespace) -> None:
     result = run_job(plan, sinks=[killer] if killer else [], probe=True, on_start=on_start)
     wall = time.perf_counter() - t0
     chains_wall = time.perf_counter() - started[0]
+    killed_after = killer.killed_at - started[0] if killer and killer.killed_at else None
     cpu, rss = _rusage_cpu(resource.RUSAGE_SELF)
     ray_cpu, ray_rss = _rusage_cpu(resource.RUSAGE_CHILDREN)
     print(
@@ -149,9 +150,7 @@ def child_main(args: argparse.Namespace) -> None:
                 "ray_processes_cpu_s": ray_cpu,
                 "ray_processes_peak_rss_mb": ray_rss,
                 "workers": result.workers,
-                "killed_after_s": (killer.killed_at - started[0])
-                if killer and killer.killed_at
-                else None,
+                "killed_after_s": killed_after,
             }
         ),
         flush=True,
