@@ -11,7 +11,7 @@ from orch_helpers import make_config
 from presto_client.errors import ConfigError
 from presto_client.orchestration import executor_config
 from presto_client.orchestration.loading import load_job_config, load_prompts
-from presto_client.orchestration.plan import make_plan
+from presto_client.orchestration.plan import describe_plan, make_plan
 from presto_client.orchestration.planned import ExecutorSettings
 from presto_client.orchestration.shares import deal, split, worker_shares
 
@@ -130,3 +130,12 @@ def test_chains_are_dealt_round_robin_in_plan_order() -> None:
     assert deal(["c", "e"], [1, 2]) == {1: ["c"], 2: ["e"]}
     with pytest.raises(ValueError):
         deal(["a"], [])
+
+
+def test_validate_describes_the_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor_config, "ray_installed", lambda: True)
+    cfg = make_config(tmp_path, executor={"kind": "ray", "workers": 2, "address": "auto"})
+    text = describe_plan(cfg, make_plan(cfg, load_prompts(cfg)))
+    assert "executor ray: 2 worker(s) on the Ray cluster at auto" in text
+    local = make_config(tmp_path)
+    assert "executor" not in describe_plan(local, make_plan(local, load_prompts(local)))
