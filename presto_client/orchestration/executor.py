@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
-from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.orchestrator import (
     ChainOutcome,
@@ -25,16 +24,6 @@ from presto_client.orchestration.orchestrator import (
     OrchestratorResult,
 )
 from presto_client.orchestration.planned import JobPlan, JobSettings
-
-
-@runtime_checkable
-class TimedRoundSink(Protocol):
-    """A sink that records when a round happened; a round reported after the fact (a Ray
-    worker's) is recorded at the time it ran, not when it arrived."""
-
-    def round_done_at(
-        self, spec: ChainSpec, record: RoundRecord, queue_s: float, at: float
-    ) -> None: ...
 
 
 class ChainExecutor(Protocol):
@@ -73,26 +62,6 @@ class LocalExecutor:
             finish=finish,
         )
         return await orchestrator.run(specs)
-
-
-def replay_chain(
-    sinks: Sequence[ChainSink],
-    outcome: ChainOutcome,
-    rounds: Sequence[tuple[RoundRecord, float, float]],
-) -> None:
-    """Report a chain that ran elsewhere to ``sinks``: started, its rounds (record, queue_s,
-    the epoch time it ran), done."""
-    spec = outcome.spec
-    for sink in sinks:
-        sink.chain_started(spec, outcome.replica)
-    for record, queue_s, at in rounds:
-        for sink in sinks:
-            if isinstance(sink, TimedRoundSink):
-                sink.round_done_at(spec, record, queue_s, at)
-            else:
-                sink.round_done(spec, record, queue_s)
-    for sink in sinks:
-        sink.chain_done(outcome)
 
 
 async def open_executor(

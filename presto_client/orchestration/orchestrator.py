@@ -28,7 +28,7 @@ import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from presto_client import defaults
 from presto_client.concurrency import gather_or_fail
@@ -275,6 +275,36 @@ class ChainSink(Protocol):
     def round_done(self, spec: ChainSpec, record: RoundRecord, queue_s: float) -> None: ...
 
     def chain_done(self, outcome: ChainOutcome) -> None: ...
+
+
+@runtime_checkable
+class TimedRoundSink(Protocol):
+    """A sink that records when a round happened; a round reported after the fact (a Ray
+    worker's) is recorded at the time it ran, not when it arrived."""
+
+    def round_done_at(
+        self, spec: ChainSpec, record: RoundRecord, queue_s: float, at: float
+    ) -> None: ...
+
+
+def replay_chain(
+    sinks: Sequence[ChainSink],
+    outcome: ChainOutcome,
+    rounds: Sequence[tuple[RoundRecord, float, float]],
+) -> None:
+    """Report a chain that ran elsewhere to ``sinks``: started, its rounds (record, queue_s,
+    the epoch time it ran), done."""
+    spec = outcome.spec
+    for sink in sinks:
+        sink.chain_started(spec, outcome.replica)
+    for record, queue_s, at in rounds:
+        for sink in sinks:
+            if isinstance(sink, TimedRoundSink):
+                sink.round_done_at(spec, record, queue_s, at)
+            else:
+                sink.round_done(spec, record, queue_s)
+    for sink in sinks:
+        sink.chain_done(outcome)
 
 
 RunChain = Callable[..., Awaitable[ChainResult]]

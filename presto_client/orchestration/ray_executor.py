@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.errors import ConfigError, EngineUnavailableError, PrestoError
-from presto_client.orchestration.executor import replay_chain
 from presto_client.orchestration.executor_config import RAY_EXTRA_HINT
 from presto_client.orchestration.orchestrator import (
     ChainOutcome,
@@ -38,6 +37,7 @@ from presto_client.orchestration.orchestrator import (
     EnginePool,
     OrchestratorResult,
     failure_budget_error,
+    replay_chain,
 )
 from presto_client.orchestration.planned import ExecutorSettings, JobPlan, JobSettings
 from presto_client.orchestration.ray_worker import ChainReport, ChainWorker
