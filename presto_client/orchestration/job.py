@@ -195,7 +195,8 @@ async def run_job_async(
         executor = await open_executor(
             plan,
             executors,
-            engines=pending_engines(plan),
+            # (a peek at the run directory only where workers must be told what to open)
+            engines=pending_engines(plan) if plan.settings.executor.kind != "local" else (),
             embedded_urls=embedded_urls or {},
             probe=probe,
             overridden=bool(engine_overrides),
