@@ -35,6 +35,7 @@ from presto_client.orchestration.orchestrator import (
     ChainSink,
     ChainSpec,
     EnginePool,
+    JobFailedError,
     OrchestratorResult,
     failure_budget_error,
     replay_chain,
@@ -242,6 +243,7 @@ class RayExecutor:
         alive = sorted(self.actors)
         outstanding: dict[int, set[str]] = {w: set() for w in alive}
         tasks: dict[asyncio.Task[None], int] = {}
+        fatal: list[JobFailedError] = []
 
         def report(worker: int, chain: ChainReport) -> None:
             outcome = chain.outcome
@@ -256,8 +258,12 @@ class RayExecutor:
                 result.completed.append(outcome)
                 return
             result.failed.append(outcome)
-            if len(result.failed) > settings.failure_budget:
-                raise failure_budget_error(len(result.failed), settings.failure_budget, outcome)
+            if len(result.failed) > settings.failure_budget and not fatal:
+                # (once: a chain that finishes while the job stops is kept, not raised again)
+                fatal.append(
+                    failure_budget_error(len(result.failed), settings.failure_budget, outcome)
+                )
+                raise fatal[0]
 
         async def consume(worker: int, chunk: list[ChainSpec]) -> None:
             stream: AsyncIterator[Any] = self.actors[worker].run.remote(chunk)
@@ -283,7 +289,7 @@ class RayExecutor:
                     if exc is None:
                         continue
                     if not isinstance(exc, ray_actor_error):
-                        raise exc
+                        raise fatal[0] if fatal else exc
                     if worker not in alive:
                         continue  # (its chains were dealt out already)
                     alive.remove(worker)
