@@ -154,6 +154,8 @@ class RaySession:
         return cls(ray, started=True)
 
     def close(self) -> None:
+        """Shut down what :meth:`connect` started (blocking, about a second: the job's last
+        step, when nothing else runs on its loop)."""
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
 
