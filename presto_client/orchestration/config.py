@@ -42,6 +42,7 @@ from presto_client.orchestration.engine_config import (
     on_engine_kind_registered,
     register_engine_kind,
 )
+from presto_client.orchestration.executor_config import ExecutorConfig
 from presto_client.orchestration.grading import GraderConfig
 from presto_client.orchestration.planned import Prompt
 
@@ -408,6 +409,11 @@ class JobConfig(StrictModel):
         description="Failure budget: the job stops when more chains than this have failed "
         "(null: 10% of the chains, at least 1).",
     )
+    executor: ExecutorConfig = Field(
+        default_factory=ExecutorConfig,
+        description="Where the chains run: {kind: local} (this process) or {kind: ray, "
+        "workers: N, address: null|auto|ray://HOST:PORT}.",
+    )
 
     @model_validator(mode="after")
     def _engines(self) -> JobConfig:
@@ -445,6 +451,28 @@ class JobConfig(StrictModel):
                         f"engines[{i}] ({e.kind}) takes token-id prompts: "
                         "give prompts.token_ids instead of texts/file"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _executor_fits(self) -> JobConfig:
+        """Each Ray worker holds at least one slot of every bound it shares (the workers'
+        shares add up to the bound: ``orchestration/shares.py``)."""
+        if self.executor.kind != "ray":
+            return self
+        workers = self.executor.to_settings().workers
+        bounds = [("max_concurrency", self.max_concurrency)]
+        if self.max_active_chains is not None:
+            bounds.append(("max_active_chains", self.max_active_chains))
+        bounds += [
+            (f"engines[{i}].max_concurrency", e.max_concurrency) for i, e in enumerate(self.engines)
+        ]
+        for field, bound in bounds:
+            if workers > bound:
+                raise ValueError(
+                    f"executor.workers = {workers} exceeds {field} = {bound}: each worker "
+                    "takes a share of at least one slot (the shares add up to the bound); "
+                    f"use at most {bound} workers or raise {field}"
+                )
         return self
 
     def engine_names(self) -> list[str]:

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,13 @@ from presto_client.orchestration.engines import (
     read_prefix_cache_counters,
     start_embedded_servers,
 )
+from presto_client.orchestration.executor import ChainExecutor, open_executor
 from presto_client.orchestration.orchestrator import (
     ChainOutcome,
     ChainSink,
     ChainSpec,
     EnginePool,
     JobFailedError,
-    Orchestrator,
     OrchestratorResult,
 )
 from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_key
@@ -70,6 +70,13 @@ class RunDirSink:
         return None
 
     def round_done(self, spec: ChainSpec, record: RoundRecord, queue_s: float) -> None:
+        self.round_done_at(spec, record, queue_s, time.time())
+
+    def round_done_at(
+        self, spec: ChainSpec, record: RoundRecord, queue_s: float, at: float
+    ) -> None:
+        """A round that ran at epoch time ``at`` (a Ray worker's, reported when its chain
+        finished)."""
         self.run.append_record(
             {
                 "chain_id": spec.chain_id,
@@ -80,7 +87,7 @@ class RunDirSink:
                 "chain_index": spec.chain_index,
                 **record.as_dict(),
                 "queue_s": queue_s,
-                "t": round(time.time() - self.started, 6),
+                "t": round(at - self.started, 6),
             }
         )
 
@@ -130,6 +137,8 @@ class JobResult:
     completed: int
     failed: int
     wall_s: float
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    """Each Ray worker's process: node, pid, chains, CPU seconds, peak RSS (executor ray)."""
 
 
 async def _tokenized_prompts(
@@ -181,31 +190,43 @@ async def run_job_async(
     Cancellation stops every chain and is re-raised, with the summary of what finished written.
     """
     start = time.perf_counter()
-    run = RunDir(plan.output_dir)
-    finished = run.open(
-        fingerprint=plan.fingerprint,
-        resolved_config=plan.settings.resolved_config,
-        chains=[c.as_dict() for c in plan.chains],
-    )
-    todo = [c for c in plan.chains if c.chain_id not in finished]
-    skipped = len(plan.chains) - len(todo)
-    if on_start is not None:
-        on_start(len(plan.chains), skipped)
-    result = OrchestratorResult()
-    completed_ok = not todo
-    try:
-        if not todo:
-            logger.info("all %d chain(s) already finished in %s", len(plan.chains), run.path)
-        else:
-            result = await _run_chains(
-                plan, run, todo, embedded_urls, engine_overrides, sinks, probe
-            )
-            completed_ok = True
-    finally:
-        run.close(completed=completed_ok)
-        # (a fresh run that never wrote anything is removed at close: no summary of nothing;
-        # after a failed write, the summary is left to the rerun)
-        summary = {} if run.removed or run.write_error else write_summary(run, plan)
+    started: list[Any] = []
+    async with contextlib.AsyncExitStack() as executors:
+        executor = await open_executor(
+            plan,
+            executors,
+            # (a peek at the run directory only where workers must be told what to open)
+            engines=pending_engines(plan) if plan.settings.executor.kind != "local" else (),
+            embedded_urls=embedded_urls or {},
+            probe=probe,
+            overridden=bool(engine_overrides),
+            started=started,
+        )
+        run = RunDir(plan.output_dir)
+        finished = run.open(
+            fingerprint=plan.fingerprint,
+            resolved_config=plan.settings.resolved_config,
+            chains=[c.as_dict() for c in plan.chains],
+        )
+        todo = [c for c in plan.chains if c.chain_id not in finished]
+        skipped = len(plan.chains) - len(todo)
+        if on_start is not None:
+            on_start(len(plan.chains), skipped)
+        result = OrchestratorResult()
+        completed_ok = not todo
+        try:
+            if not todo:
+                logger.info("all %d chain(s) already finished in %s", len(plan.chains), run.path)
+            else:
+                result = await _run_chains(
+                    plan, run, todo, embedded_urls, engine_overrides, sinks, probe, executor
+                )
+                completed_ok = True
+        finally:
+            run.close(completed=completed_ok)
+            # (a fresh run that never wrote anything is removed at close: no summary of
+            # nothing; after a failed write, the summary is left to the rerun)
+            summary = {} if run.removed or run.write_error else write_summary(run, plan)
     return JobResult(
         plan=plan,
         run_dir=run.path,
@@ -215,6 +236,7 @@ async def run_job_async(
         completed=len(result.completed),
         failed=len(result.failed),
         wall_s=time.perf_counter() - start,
+        workers=[w for ex in started for w in ex.worker_stats],
     )
 
 
@@ -226,6 +248,7 @@ async def _run_chains(
     engine_overrides: Mapping[str, Sequence[Engine]] | None,
     sinks: Sequence[ChainSink],
     probe: bool,
+    executor: ChainExecutor,
 ) -> OrchestratorResult:
     settings = plan.settings
     async with contextlib.AsyncExitStack() as stack:
@@ -276,21 +299,19 @@ async def _run_chains(
                 replica = engines[outcome.spec.engine].replicas[outcome.replica]
                 outcome.text = await decode(replica, outcome.result.token_ids)
 
-        orchestrator = Orchestrator(
-            {
-                n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets)
-                for n, h in engines.items()
-            },
-            max_concurrency=settings.max_concurrency,
-            max_active_chains=settings.max_active_chains,
-            max_failed_chains=settings.failure_budget,
-            sinks=[RunDirSink(run, settings.sampler_name, grader), *sinks],
-            finish=add_text,
-        )
+        pools = {
+            n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets) for n, h in engines.items()
+        }
         before = {n: await read_prefix_cache_counters(h) for n, h in engines.items()}
-        stopping = True  # (interrupted or failed, until the orchestrator returns)
+        stopping = True  # (interrupted or failed, until the executor returns)
         try:
-            ran = await orchestrator.run(specs)
+            ran = await executor.run(
+                specs,
+                pools=pools,
+                sinks=[RunDirSink(run, settings.sampler_name, grader), *sinks],
+                finish=add_text,
+                settings=settings,
+            )
             stopping = False
             return ran
         except JobFailedError as exc:

@@ -28,7 +28,7 @@ import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from presto_client import defaults
 from presto_client.concurrency import gather_or_fail
@@ -286,6 +286,36 @@ class ChainSink(Protocol):
     def chain_done(self, outcome: ChainOutcome) -> None: ...
 
 
+@runtime_checkable
+class TimedRoundSink(Protocol):
+    """A sink that records when a round happened; a round reported after the fact (a Ray
+    worker's) is recorded at the time it ran, not when it arrived."""
+
+    def round_done_at(
+        self, spec: ChainSpec, record: RoundRecord, queue_s: float, at: float
+    ) -> None: ...
+
+
+def replay_chain(
+    sinks: Sequence[ChainSink],
+    outcome: ChainOutcome,
+    rounds: Sequence[tuple[RoundRecord, float, float]],
+) -> None:
+    """Report a chain that ran elsewhere to ``sinks``: started, its rounds (record, queue_s,
+    the epoch time it ran), done."""
+    spec = outcome.spec
+    for sink in sinks:
+        sink.chain_started(spec, outcome.replica)
+    for record, queue_s, at in rounds:
+        for sink in sinks:
+            if isinstance(sink, TimedRoundSink):
+                sink.round_done_at(spec, record, queue_s, at)
+            else:
+                sink.round_done(spec, record, queue_s)
+    for sink in sinks:
+        sink.chain_done(outcome)
+
+
 RunChain = Callable[..., Awaitable[ChainResult]]
 """``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, n_pf, seed, on_round,
 predictor, budget)."""
@@ -295,6 +325,15 @@ predictor, budget)."""
 class OrchestratorResult:
     completed: list[ChainOutcome] = field(default_factory=list)
     failed: list[ChainOutcome] = field(default_factory=list)
+
+
+def failure_budget_error(failed: int, budget: int, last: ChainOutcome) -> JobFailedError:
+    """The job's stop when ``failed`` chains exceed the failure budget (``last`` failed last)."""
+    return JobFailedError(
+        f"{failed} chain(s) failed, more than the failure budget of {budget} "
+        f"(max_failed_chains); the job was stopped. Last error ({last.spec.chain_id}): "
+        f"{last.error}"
+    )
 
 
 def _describe_error(exc: BaseException) -> str:
@@ -405,10 +444,8 @@ class Orchestrator:
                 return  # the job is stopping already
             if len(self.result.failed) > self.max_failed_chains:
                 queue.clear()
-                self._fatal = JobFailedError(
-                    f"{len(self.result.failed)} chain(s) failed, more than the failure budget "
-                    f"of {self.max_failed_chains} (max_failed_chains); the job was stopped. "
-                    f"Last error ({spec.chain_id}): {outcome.error}"
+                self._fatal = failure_budget_error(
+                    len(self.result.failed), self.max_failed_chains, outcome
                 )
                 raise self._fatal
 

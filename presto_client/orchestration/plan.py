@@ -183,6 +183,7 @@ def job_settings(cfg: JobConfig, num_chains: int) -> JobSettings:
         system_prompt=cfg.prompts.system_prompt,
         grader=cfg.grader.to_spec() if cfg.grader is not None else None,
         resolved_config=redacted_dump(cfg),
+        executor=cfg.executor.to_settings(),
     )
 
 
@@ -211,6 +212,12 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
         f"{j.max_active_chains or j.max_concurrency} chain(s) at once, failure budget "
         f"{j.failure_budget}"
     )
+    x = j.executor
+    if x.kind == "ray":
+        where = "a local Ray instance" if x.address is None else f"the Ray cluster at {x.address}"
+        lines.append(
+            f"  executor ray: {x.workers} worker(s) on {where}, each a share of every bound"
+        )
     if finished:
         lines.append(f"  {finished} chain(s) already finished in {plan.output_dir} (resume)")
     return "\n".join(lines)

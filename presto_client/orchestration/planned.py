@@ -85,6 +85,19 @@ class GraderSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ExecutorSettings:
+    """Where the chains run (``executor`` of the config): this process, or Ray workers."""
+
+    kind: str = "local"
+    workers: int = 1
+    address: str | None = None
+    """The Ray cluster to join (``None``: start a local one)."""
+    connect_timeout_s: float = 30.0
+    cpus_per_worker: float = 1.0
+    runtime_env: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class JobSettings:
     """The job-wide settings the run reads (bounds, output, prompt formatting, grading)."""
 
@@ -105,6 +118,8 @@ class JobSettings:
     grader: GraderSpec | None
     resolved_config: Mapping[str, Any]
     """The resolved config as plain data, secrets removed (``config.resolved.yaml``)."""
+    executor: ExecutorSettings = ExecutorSettings()
+    """Where the chains run; no part of the fingerprint (it never changes a chain)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,12 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
     from presto_client.orchestration.plan import make_plan
     from presto_client.serve.app import serve_until_stopped
 
+    if cfg.executor.kind != "local":
+        raise ConfigError(
+            f"executor.kind {cfg.executor.kind}: presto serve runs every chain in its own "
+            "process; the Ray executor is for presto run and compare (set executor.kind=local, "
+            "or run several presto serve behind a load balancer)"
+        )
     if args.traversal not in arm_traversal_names():
         raise ConfigError(
             f"--traversal {args.traversal}: valid traversals are {', '.join(arm_traversal_names())}"

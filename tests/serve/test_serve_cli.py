@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -11,7 +12,13 @@ import time
 from pathlib import Path
 
 import openai
+import pytest
 from serve_helpers import reference_job, write_config
+
+from presto_client.errors import ConfigError
+from presto_client.orchestration import executor_config
+from presto_client.orchestration.loading import validate_job_config
+from presto_client.serve.command import run_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,3 +58,15 @@ def test_presto_serve_command(tmp_path: Path) -> None:
         status = proc.wait(timeout=30)
     assert status == 0
     assert "k3y" not in (proc.stderr.read() if proc.stderr else "")
+
+
+def test_presto_serve_refuses_the_ray_executor(tmp_path: Path) -> None:
+    """``presto serve`` runs its chains in its own process: a config asking for Ray workers is
+    refused, not silently served locally."""
+    data = reference_job(tmp_path / "run")
+    data["executor"] = {"kind": "ray", "workers": 1}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(executor_config, "ray_installed", lambda: True)
+        cfg = validate_job_config(data)
+    with pytest.raises(ConfigError, match=r"executor\.kind ray: presto serve runs every chain"):
+        run_serve(argparse.Namespace(traversal="stream"), cfg)
