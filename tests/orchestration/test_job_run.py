@@ -131,7 +131,19 @@ async def test_resume_after_a_kill_duplicates_and_loses_nothing(tmp_path: Path) 
     slow = CountingEngine(reference_engine(), delay_s=0.003)
     task = asyncio.create_task(run_job_async(plan, engine_overrides={"ref": [slow]}))
     samples = tmp_path / "run" / "samples.jsonl"
-    await wait_until(lambda: samples.exists() and len(read_jsonl(samples)) >= 5)
+    records_path = tmp_path / "run" / "records.jsonl"
+
+    def mid_way() -> bool:
+        # at least 5 chains done and one caught after its first round (every arm here needs two
+        # or more): the state the kill must hit, waited for rather than timed. A chain whose last
+        # round is on disk may still be written by the cancelled job (nothing computed is lost).
+        if not (samples.exists() and records_path.exists()):
+            return False
+        done = {s["chain_id"] for s in read_jsonl(samples)}
+        rounds = Counter(r["chain_id"] for r in read_jsonl(records_path))
+        return len(done) >= 5 and any(n == 1 and c not in done for c, n in rounds.items())
+
+    await wait_until(mid_way)
     task.cancel()  # as Ctrl-C does
     with pytest.raises(asyncio.CancelledError):
         await task
