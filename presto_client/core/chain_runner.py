@@ -107,6 +107,7 @@ class ChainRunner:
         return results, wall
 
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
+        started = time.perf_counter()
         state = ChainState(
             tuple(int(t) for t in prompt_ids),
             ScoredTokens.empty(
@@ -137,6 +138,7 @@ class ChainRunner:
             while k < self.config.steps_per_block:
                 state, done = await self._advance(state, block, k)
                 k += done
+        self.stats.chain_wall_s = time.perf_counter() - started
         full = state.token_ids
         eos = self.config.eos_token_id
         final = full[: full.index(eos) + 1] if eos is not None and eos in full else full
