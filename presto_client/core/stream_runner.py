@@ -19,9 +19,18 @@ when it was issued. The walk takes transitions in order:
   aborts it and frees the batch slot) and it is re-issued from the new state; after every
   transition the window is refilled from the current state.
 
-Every decision is the kernel's (``kernels.py``), against the state the walk holds. How many of the
-``W`` proposals are in flight at once is set by the engine's shared
-:class:`~presto_client.core.speculation.SpeculationBudget`; it changes the speed, never the chain.
+Every decision is the kernel's (``kernels.py``), against the state the walk holds. How many
+proposals are in flight at once is set by the engine's shared
+:class:`~presto_client.core.speculation.SpeculationBudget` (its measured cost and the slots the
+chains' heads need), up to every remaining transition of the block; ``window`` is an optional cap
+(``None``: none). It changes the speed, never the chain.
+
+The block's own generation is overlapped too. The extension streams in, and a transition whose
+cut lies inside the prefix already received can have its proposal issued at once: those tokens
+are the state's (a stream that breaks and restarts may rewrite them, which the walk's token check
+catches), and the draws are the transition's, so it is the request the sequential chain will make
+(for EntropyCut the cut is a guess from the received entropies, used only if the realised state
+draws it). Decisions still wait for the whole extension: ``log A`` needs the state's suffix.
 
 Statistics: a *call* of this traversal is a wait of the walk on the engine together with the
 transitions decided after it without waiting (one ``stream`` record each; ``call_wall_s`` is the
@@ -79,14 +88,11 @@ def join_chunks(chunks: Sequence[ScoredTokens]) -> ScoredTokens:
 
 
 @dataclass(slots=True, eq=False)
-class _InFlight:
-    """One transition's proposal in flight: its draws, cut, prefix and streamed sequences."""
+class _Streamed:
+    """Requests in flight as streams (a proposal's sequences, or a block's extension)."""
 
     k: int
-    draws: TransitionDraws
-    cut: int
-    response_prefix: np.ndarray
-    """The response tokens before the cut that the proposal was requested after."""
+    """The transition (``-1``: the block's extension)."""
     requests: list[ProposalRequest]
     role: str
     chunks: list[list[ScoredTokens]] = field(default_factory=list)
@@ -109,9 +115,23 @@ class _InFlight:
     def tokens(self) -> int:
         return sum(self.received)
 
+    @property
+    def what(self) -> str:
+        return "the extension" if self.k < 0 else f"transition {self.k}"
+
+
+@dataclass(slots=True, eq=False)
+class _InFlight(_Streamed):
+    """One transition's proposal in flight: its draws, cut and prefix besides its streams."""
+
+    draws: TransitionDraws = field(kw_only=True)
+    cut: int = field(kw_only=True)
+    response_prefix: np.ndarray = field(kw_only=True)
+    """The response tokens before the cut that the proposal was requested after."""
+
 
 class StreamRunner(ChainRunner):
-    """PreSTO with a streaming window of ``window`` in-flight proposals (see the module doc)."""
+    """PreSTO with a streaming window of in-flight proposals (see the module doc)."""
 
     def __init__(
         self,
@@ -120,17 +140,23 @@ class StreamRunner(ChainRunner):
         seed: int,
         on_round: RoundCallback | None,
         *,
-        window: int,
+        window: int | None = None,
         budget: SpeculationBudget | None = None,
         early_rejection: bool = True,
+        overlap: bool = True,
     ) -> None:
+        """``window``: the most proposals in flight (the walk's own included); ``None``: as many
+        as the budget allows, up to every remaining transition. ``overlap``: issue proposals
+        while the block's extension streams in."""
         super().__init__(engine, sampler, seed, on_round)
-        if window < 1:
-            raise ValueError("window must be >= 1")
+        if window is not None and window < 1:
+            raise ValueError("window must be >= 1 (or None: no cap)")
         self.window = window
         self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
         self.early_rejection = early_rejection
+        self.overlap = overlap
         self._tasks: set[asyncio.Task[None]] = set()
+        self._draws: dict[tuple[int, int], TransitionDraws] = {}
         self._issued_since = 0
         self._sequences_since = 0
         self._tokens_since = 0
@@ -140,37 +166,64 @@ class StreamRunner(ChainRunner):
 
     # ---- issuing and cancelling
 
-    def _issue(self, state: ChainState, block: int, k: int, role: str) -> _InFlight:
-        draws = self.randomness.transition(block, k)
-        cut = self.kernel.cut(state, draws.u_cut)
-        requests = self.kernel.requests(state.prefix(cut), state.length - cut, draws)
-        n = len(requests)
-        flight = _InFlight(
-            k=k,
-            draws=draws,
-            cut=cut,
-            response_prefix=state.response.token_ids[:cut].copy(),
-            requests=requests,
-            role=role,
-            chunks=[[] for _ in range(n)],
-            received=[0] * n,
-            finished=[False] * n,
-            active=[True] * n,
-        )
-        if role == HEAD:
+    def _transition_draws(self, block: int, k: int) -> TransitionDraws:
+        """Transition ``k``'s draws, computed once (the overlap asks for them per chunk)."""
+        key = (block, k)
+        draws = self._draws.get(key)
+        if draws is None:
+            if self._draws and next(iter(self._draws))[0] != block:
+                self._draws.clear()  # a new block: the previous one's draws are done with
+            draws = self._draws[key] = self.randomness.transition(block, k)
+        return draws
+
+    def _start(self, flight: _Streamed) -> None:
+        n = len(flight.requests)
+        flight.chunks = [[] for _ in range(n)]
+        flight.received = [0] * n
+        flight.finished = [False] * n
+        flight.active = [True] * n
+        if flight.role == HEAD:
             self.budget.add_head(n)
         for i in range(n):
             task = asyncio.create_task(self._consume(flight, i))
             flight.tasks.append(task)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _issue(
+        self,
+        state: ChainState,
+        block: int,
+        k: int,
+        role: str,
+        *,
+        cut: int | None = None,
+        length: int | None = None,
+    ) -> _InFlight:
+        """Transition ``k``'s proposal from ``state`` (the cut the kernel draws on it, unless
+        given; ``length``: the response's length once complete, if ``state`` is a prefix)."""
+        draws = self._transition_draws(block, k)
+        if cut is None:
+            cut = self.kernel.cut(state, draws.u_cut)
+        length = state.length if length is None else length
+        requests = self.kernel.requests(state.prefix(cut), length - cut, draws)
+        flight = _InFlight(
+            k,
+            requests,
+            role,
+            draws=draws,
+            cut=cut,
+            response_prefix=state.response.token_ids[:cut].copy(),
+        )
+        self._start(flight)
+        n = len(requests)
         self.stats.requests_issued += 1
         self.stats.sequences_issued += n
         self._issued_since += 1
         self._sequences_since += n
         return flight
 
-    def _leave(self, flight: _InFlight, index: int) -> None:
+    def _leave(self, flight: _Streamed, index: int) -> None:
         """Sequence ``index`` no longer runs on the engine: give its slot back."""
         if not flight.active[index]:
             return
@@ -189,7 +242,7 @@ class StreamRunner(ChainRunner):
         self.budget.add_head(running)
         flight.role = HEAD
 
-    def _close(self, flight: _InFlight) -> int:
+    def _close(self, flight: _Streamed) -> int:
         """Close every stream of ``flight`` (the server aborts them); tokens not generated.
 
         Closing twice is a no-op (the walk's cleanup closes whatever is still open)."""
@@ -204,7 +257,7 @@ class StreamRunner(ChainRunner):
         self._tokens_since += flight.tokens
         return sum(r.num_tokens for r in flight.requests) - flight.tokens
 
-    async def _consume(self, flight: _InFlight, index: int) -> None:
+    async def _consume(self, flight: _Streamed, index: int) -> None:
         """Stream sequence ``index`` into ``flight``; errors are kept for the walk to raise."""
         request = flight.requests[index]
         retries = 0
@@ -218,9 +271,9 @@ class StreamRunner(ChainRunner):
                         raise
                     retries += 1
                     logger.info(
-                        "[%s] transition %d: stream broke after %d tokens (%s); retry %d/%d",
+                        "[%s] %s: stream broke after %d tokens (%s); retry %d/%d",
                         self.engine.name,
-                        flight.k,
+                        flight.what,
                         flight.received[index],
                         exc,
                         retries,
@@ -240,7 +293,7 @@ class StreamRunner(ChainRunner):
         finally:
             self._leave(flight, index)
 
-    async def _stream_once(self, flight: _InFlight, index: int, request: ProposalRequest) -> None:
+    async def _stream_once(self, flight: _Streamed, index: int, request: ProposalRequest) -> None:
         budget = self.budget
         previous: float | None = None
         async with contextlib.aclosing(self.engine.stream(request)) as chunks:
@@ -257,7 +310,7 @@ class StreamRunner(ChainRunner):
                 flight.changed.set()
         if flight.received[index] != request.num_tokens:
             raise InvalidResponseError(
-                f"transition {flight.k}: asked for {request.num_tokens} tokens, the stream "
+                f"{flight.what}: asked for {request.num_tokens} tokens, the stream "
                 f"delivered {flight.received[index]}",
                 engine=self.engine.name,
             )
@@ -277,9 +330,100 @@ class StreamRunner(ChainRunner):
 
     # ---- the walk
 
-    async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
-        steps = self.config.steps_per_block
+    def _last(self, m: int, steps: int) -> int:
+        """One past the last transition the window may hold while the walk waits at ``m``."""
+        return steps if self.window is None else min(m + self.window, steps)
+
+    async def _run_block(self, state: ChainState, block: int) -> ChainState:
         window: dict[int, _InFlight] = {}
+        try:
+            state = await self._stream_extension(state, block, window)
+        except BaseException:
+            for flight in window.values():
+                self._close(flight)
+            await self._drain()
+            raise
+        state, _ = await self._walk(state, block, 0, window)
+        return state
+
+    async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
+        return await self._walk(state, block, k, {})
+
+    async def _stream_extension(
+        self, state: ChainState, block: int, window: dict[int, _InFlight]
+    ) -> ChainState:
+        """The block's extension, streamed; meanwhile the proposals whose cut lies in the prefix
+        received so far are issued into ``window`` (see the module doc)."""
+        request = self._extension_request(state, block)
+        length = state.length + request.num_tokens
+        extension = _Streamed(-1, [request], HEAD)
+        started = time.perf_counter()
+        self._start(extension)
+        seen = (-1, -1)
+        try:
+            while not extension.complete:
+                if extension.error is not None:
+                    raise extension.error
+                mark = (extension.attempts, extension.received[0])
+                if self.overlap and mark != seen and extension.received[0] > 0:
+                    seen = mark
+                    self._issue_early(window, state, extension, length, block)
+                extension.changed.clear()
+                await extension.changed.wait()
+        except BaseException:
+            self._close(extension)
+            raise
+        tokens = join_chunks(extension.chunks[0])
+        self._record_extension(block, tokens, time.perf_counter() - started)
+        state = state.extend(tokens)
+        # What the whole extension does not confirm (a restarted stream rewrote the prefix, or
+        # EntropyCut's realised law draws another cut) is closed; the walk re-issues it.
+        for j in [j for j, other in window.items() if not self._usable(other, state)]:
+            self._close(window.pop(j))
+            self.stats.requests_cancelled += 1
+        return state
+
+    def _ready(self, cut: int, received: int) -> bool:
+        """Whether a proposal at ``cut`` can be requested with ``received`` response tokens in:
+        its prefix (the tokens before the cut) must all be there."""
+        return cut <= received
+
+    def _issue_early(
+        self,
+        window: dict[int, _InFlight],
+        state: ChainState,
+        extension: _Streamed,
+        length: int,
+        block: int,
+    ) -> None:
+        """Issue the transitions whose cut lies in the extension's prefix received so far.
+
+        All are speculative (the walk waits for the extension): budget first, in transition
+        order; with a cap ``W`` at most ``W − 1`` of them, as when the walk waits for a head.
+        """
+        steps = self.config.steps_per_block
+        last = steps if self.window is None else min(self.window - 1, steps)
+        per = self.kernel.sequences_per_proposal
+        partial: ChainState | None = None
+        for j in range(last):
+            if j in window:
+                continue
+            if partial is None:
+                partial = state.extend(join_chunks(extension.chunks[0]))
+            cut = self.kernel.speculative_cut(
+                partial, length, self._transition_draws(block, j).u_cut
+            )
+            if not self._ready(cut, partial.length):
+                continue  # its prefix is not in yet: a later chunk may bring it
+            if not self.budget.try_acquire(per):
+                break  # the engine's budget is spent
+            window[j] = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
+
+    async def _walk(
+        self, state: ChainState, block: int, k: int, window: dict[int, _InFlight]
+    ) -> tuple[ChainState, int]:
+        """Transitions ``k``… of the block, in order, ``window`` holding what is in flight."""
+        steps = self.config.steps_per_block
         head: _InFlight | None = None
         start_k = k
         try:
@@ -311,7 +455,7 @@ class StreamRunner(ChainRunner):
         if m not in window:
             window[m] = self._issue(state, block, m, HEAD)
         per_proposal = self.kernel.sequences_per_proposal
-        for j in range(m + 1, min(m + self.window, steps)):
+        for j in range(m + 1, self._last(m, steps)):
             if j in window:
                 continue
             if not self.budget.try_acquire(per_proposal):

@@ -85,7 +85,8 @@ def job_fingerprint(
     Traversals and engines may be added to a run directory later (new arms); an engine already
     there must keep its kind and model. A refit predictor enters as its coefficients.
     """
-    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals", "predictor"})
+    # The stream window changes the speed, never a chain (stream replays the sequential chain).
+    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals", "predictor", "window"})
     if not sampler["options"]:
         del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
     if predictor is not None:  # (absent otherwise: the fingerprint of a job without one)
