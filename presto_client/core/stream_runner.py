@@ -376,12 +376,15 @@ class StreamRunner(ChainRunner):
         tokens = join_chunks(extension.chunks[0])
         self._record_extension(block, tokens, time.perf_counter() - started)
         state = state.extend(tokens)
-        # What the whole extension does not confirm (a restarted stream rewrote the prefix, or
-        # EntropyCut's realised law draws another cut) is closed; the walk re-issues it.
+        self._confirm(window, state)
+        return state
+
+    def _confirm(self, window: dict[int, _InFlight], state: ChainState) -> None:
+        """Close what the whole extension does not confirm (a restarted stream rewrote the
+        prefix, or EntropyCut's realised law draws another cut); the walk re-issues it."""
         for j in [j for j, other in window.items() if not self._usable(other, state)]:
             self._close(window.pop(j))
             self.stats.requests_cancelled += 1
-        return state
 
     def _ready(self, cut: int, received: int) -> bool:
         """Whether a proposal at ``cut`` can be requested with ``received`` response tokens in:
