@@ -331,8 +331,9 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
             arms.append(Arm(name, 1))
         else:
             arms.extend(Arm(name, n) for n in args.n_pf)
-    sizes = [n for n in args.n_pf if n is not None] or [args.K]
-    max_conc = args.max_concurrency or max(32, args.chains * max(sizes + [args.K]))
+    # An uncapped window may keep every transition of the block in flight.
+    sizes = [n for n in args.n_pf if n is not None]
+    max_conc = args.max_concurrency or max(32, args.chains * max([*sizes, args.K]))
     spec_kw = {"top_k": args.top_k, "max_concurrency": max_conc, "request_timeout_s": 3600.0}
     probe = create_engine(EngineSpec("vllm", (base_url,), **spec_kw))
     try:
