@@ -66,6 +66,16 @@ STREAM_RETRIES = 2
 HEAD = "head"
 SPECULATIVE = "speculative"
 
+SURVIVAL_FLOOR = 0.25
+"""A speculative proposal is issued only while it is this likely to be usable at its turn
+(no earlier transition of the window accepts at a smaller cut, by the chain's acceptance rate so
+far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite
+wait until the walk is nearer. Speed only: which proposals are in flight never changes the
+chain."""
+ACCEPT_PRIOR = (1.2, 4.0)
+"""Prior of the acceptance rate (pseudo accepts, pseudo transitions) before the chain has its
+own: 0.3."""
+
 
 def join_chunks(chunks: Sequence[ScoredTokens]) -> ScoredTokens:
     """One :class:`ScoredTokens` from a stream's chunks (one concatenation, not one per chunk)."""
@@ -407,17 +417,22 @@ class StreamRunner(ChainRunner):
         steps = self.config.steps_per_block
         last = steps if self.window is None else min(self.window - 1, steps)
         per = self.kernel.sequences_per_proposal
-        partial: ChainState | None = None
+        partial = state.extend(join_chunks(extension.chunks[0]))
+        threats: list[int] = []
         for j in range(last):
-            if j in window:
+            flight = window.get(j)
+            if flight is not None:
+                threats.append(flight.cut)
                 continue
-            if partial is None:
-                partial = state.extend(join_chunks(extension.chunks[0]))
             cut = self.kernel.speculative_cut(
                 partial, length, self._transition_draws(block, j).u_cut
             )
+            survival = self._survival(threats, cut)
+            threats.append(cut)
             if not self._ready(cut, partial.length):
                 continue  # its prefix is not in yet: a later chunk may bring it
+            if survival < SURVIVAL_FLOOR:
+                continue
             if not self.budget.try_acquire(per):
                 break  # the engine's budget is spent
             window[j] = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
@@ -452,18 +467,36 @@ class StreamRunner(ChainRunner):
             self._flush(block)
         return state, steps - start_k
 
+    def _survival(self, threats: list[int], cut: int) -> float:
+        """How likely a proposal at ``cut`` is still usable once the transitions before it, at
+        ``threats`` (their cuts), are decided: each accepts with the chain's rate so far, and
+        one that accepts at a smaller cut rewrites the prefix. (For EntropyCut an accept at a
+        larger cut may still move the cut; not counted: an estimate for sizing, never a check.)
+        """
+        pseudo_accepts, pseudo_transitions = ACCEPT_PRIOR
+        rate = (self.stats.accepts + pseudo_accepts) / (self.stats.transitions + pseudo_transitions)
+        return float((1.0 - rate) ** sum(1 for c in threats if c < cut))
+
     def _refill(
         self, window: dict[int, _InFlight], state: ChainState, block: int, m: int, steps: int
     ) -> None:
         if m not in window:
             window[m] = self._issue(state, block, m, HEAD)
         per_proposal = self.kernel.sequences_per_proposal
+        threats = [window[m].cut]
         for j in range(m + 1, self._last(m, steps)):
-            if j in window:
+            flight = window.get(j)
+            if flight is not None:
+                threats.append(flight.cut)
                 continue
+            cut = self.kernel.cut(state, self._transition_draws(block, j).u_cut)
+            survival = self._survival(threats, cut)
+            threats.append(cut)
+            if survival < SURVIVAL_FLOOR:
+                continue  # likely rewritten before its turn: issued when the walk is nearer
             if not self.budget.try_acquire(per_proposal):
                 break  # the engine's budget is spent: speculate less, never out of order
-            window[j] = self._issue(state, block, j, SPECULATIVE)
+            window[j] = self._issue(state, block, j, SPECULATIVE, cut=cut)
 
     async def _transition(
         self, state: ChainState, flight: _InFlight, block: int, window: dict[int, _InFlight]

@@ -23,6 +23,7 @@ from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
+from presto_client.core import stream_runner
 from presto_client.core.stream_runner import StreamRunner, _InFlight
 from presto_client.errors import EngineUnavailableError
 
@@ -185,7 +186,7 @@ async def test_the_engine_sized_overlapped_window_replays_the_sequential_chain(
     assert same
     # The scenario exercised what it claims to.
     assert totals["early"] > 0  # proposals started while an extension was streaming
-    assert totals["peak"] > 8  # more in flight than the old default window of 8
+    assert totals["peak"] > 4  # more in flight than a small window
     assert totals["breaks"] > 0 and totals["rewritten"] > 0
     assert totals["cancelled"] > 0 and totals["closed"] > 0
 
@@ -267,7 +268,12 @@ class _Counting(ReferenceEngine):
             self.open -= 1
 
 
-async def test_without_a_cap_the_window_reaches_every_remaining_transition() -> None:
+async def test_without_a_cap_the_window_reaches_every_remaining_transition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every proposal worth its tokens (no survival floor) and an open budget the window
+    holds every remaining transition; a cap bounds it."""
+    monkeypatch.setattr(stream_runner, "SURVIVAL_FLOOR", 0.0)
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
@@ -292,6 +298,22 @@ async def test_a_steep_engine_cost_pulls_the_window_back() -> None:
     assert result.full_token_ids == baseline.full_token_ids
     assert budget.peak_speculative <= 1
     assert engine.peak <= 2
+
+
+async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
+    """The survival floor: a deep proposal with a small cut (few earlier transitions can rewrite
+    its prefix) goes out, one with many earlier smaller cuts waits until the walk is nearer."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=40, steps_per_block=30)
+    runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
+    assert runner._survival([5, 30, 30], 10) == pytest.approx(0.7)  # one threat, prior 0.3
+    assert runner._survival([5, 6, 7, 8, 9], 10) < stream_runner.SURVIVAL_FLOOR
+    assert runner._survival([5, 6, 7, 8, 9], 3) == 1.0
+    engine = _Counting(model)
+    baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
+    result = await StreamRunner(engine, config, 1, None, window=None).run([1])
+    assert result.full_token_ids == baseline.full_token_ids
+    assert 1 < engine.peak < 30
 
 
 def test_the_speculative_cut_is_the_cut_once_the_response_is_complete() -> None:
