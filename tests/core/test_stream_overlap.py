@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
+from presto_client.core import stream_runner
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
@@ -23,7 +24,6 @@ from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
-from presto_client.core import stream_runner
 from presto_client.core.stream_runner import StreamRunner, _InFlight
 from presto_client.errors import EngineUnavailableError
 
