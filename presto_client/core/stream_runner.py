@@ -45,17 +45,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens
+from presto_client.core.engine_protocol import Engine, ProposalRequest
 from presto_client.core.kernels import RejectionBound, Verdict
 from presto_client.core.rng import TransitionDraws
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
+from presto_client.core.stream_flight import InFlight, Streamed, join_chunks
 from presto_client.errors import EngineError, InvalidResponseError
 
 logger = logging.getLogger(__name__)
@@ -75,69 +75,6 @@ chain."""
 ACCEPT_PRIOR = (1.2, 4.0)
 """Prior of the acceptance rate (pseudo accepts, pseudo transitions) before the chain has its
 own: 0.3."""
-
-
-def join_chunks(chunks: Sequence[ScoredTokens]) -> ScoredTokens:
-    """One :class:`ScoredTokens` from a stream's chunks (one concatenation, not one per chunk)."""
-    if len(chunks) == 1:
-        return chunks[0]
-    first = chunks[0]
-    entropy = None
-    if first.entropy is not None:
-        parts = [c.entropy for c in chunks]
-        if any(p is None for p in parts):
-            raise ValueError("cannot join scores with and without entropy")
-        entropy = np.concatenate([p for p in parts if p is not None])
-    return ScoredTokens(
-        token_ids=np.concatenate([c.token_ids for c in chunks]),
-        logp0=np.concatenate([c.logp0 for c in chunks]),
-        logq_lo=np.concatenate([c.logq_lo for c in chunks]),
-        logq_hi=np.concatenate([c.logq_hi for c in chunks]),
-        entropy=entropy,
-    )
-
-
-@dataclass(slots=True, eq=False)
-class _Streamed:
-    """Requests in flight as streams (a proposal's sequences, or a block's extension)."""
-
-    k: int
-    """The transition (``-1``: the block's extension)."""
-    requests: list[ProposalRequest]
-    role: str
-    chunks: list[list[ScoredTokens]] = field(default_factory=list)
-    received: list[int] = field(default_factory=list)
-    finished: list[bool] = field(default_factory=list)
-    active: list[bool] = field(default_factory=list)
-    """Sequences still holding a slot of the budget (streaming, not yet finished or closed)."""
-    attempts: int = 0
-    """Restarts after broken streams: the walk rebuilds its rejection bound when it changes."""
-    closed: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    error: BaseException | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def complete(self) -> bool:
-        return all(self.finished)
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.received)
-
-    @property
-    def what(self) -> str:
-        return "the extension" if self.k < 0 else f"transition {self.k}"
-
-
-@dataclass(slots=True, eq=False)
-class _InFlight(_Streamed):
-    """One transition's proposal in flight: its draws, cut and prefix besides its streams."""
-
-    draws: TransitionDraws = field(kw_only=True)
-    cut: int = field(kw_only=True)
-    response_prefix: np.ndarray = field(kw_only=True)
-    """The response tokens before the cut that the proposal was requested after."""
 
 
 class StreamRunner(ChainRunner):
@@ -167,6 +104,8 @@ class StreamRunner(ChainRunner):
         self.overlap = overlap
         self._tasks: set[asyncio.Task[None]] = set()
         self._draws: dict[tuple[int, int], TransitionDraws] = {}
+        self._next: tuple[Streamed, np.ndarray] | None = None
+        """The next block's extension, speculated from the state whose response it follows."""
         self._issued_since = 0
         self._sequences_since = 0
         self._tokens_since = 0
@@ -186,7 +125,7 @@ class StreamRunner(ChainRunner):
             draws = self._draws[key] = self.randomness.transition(block, k)
         return draws
 
-    def _start(self, flight: _Streamed) -> None:
+    def _start(self, flight: Streamed) -> None:
         n = len(flight.requests)
         flight.chunks = [[] for _ in range(n)]
         flight.received = [0] * n
@@ -209,7 +148,7 @@ class StreamRunner(ChainRunner):
         *,
         cut: int | None = None,
         length: int | None = None,
-    ) -> _InFlight:
+    ) -> InFlight:
         """Transition ``k``'s proposal from ``state`` (the cut the kernel draws on it, unless
         given; ``length``: the response's length once complete, if ``state`` is a prefix)."""
         draws = self._transition_draws(block, k)
@@ -217,7 +156,7 @@ class StreamRunner(ChainRunner):
             cut = self.kernel.cut(state, draws.u_cut)
         length = state.length if length is None else length
         requests = self.kernel.requests(state.prefix(cut), length - cut, draws)
-        flight = _InFlight(
+        flight = InFlight(
             k,
             requests,
             role,
@@ -233,7 +172,7 @@ class StreamRunner(ChainRunner):
         self._sequences_since += n
         return flight
 
-    def _leave(self, flight: _Streamed, index: int) -> None:
+    def _leave(self, flight: Streamed, index: int) -> None:
         """Sequence ``index`` no longer runs on the engine: give its slot back."""
         if not flight.active[index]:
             return
@@ -243,7 +182,7 @@ class StreamRunner(ChainRunner):
         else:
             self.budget.release(1)
 
-    def _promote(self, flight: _InFlight) -> None:
+    def _promote(self, flight: InFlight) -> None:
         """A speculative proposal becomes the head: its running sequences move budgets."""
         if flight.role == HEAD:
             return
@@ -252,7 +191,7 @@ class StreamRunner(ChainRunner):
         self.budget.add_head(running)
         flight.role = HEAD
 
-    def _close(self, flight: _Streamed) -> int:
+    def _close(self, flight: Streamed) -> int:
         """Close every stream of ``flight`` (the server aborts them); tokens not generated.
 
         Closing twice is a no-op (the walk's cleanup closes whatever is still open)."""
@@ -267,7 +206,7 @@ class StreamRunner(ChainRunner):
         self._tokens_since += flight.tokens
         return sum(r.num_tokens for r in flight.requests) - flight.tokens
 
-    async def _consume(self, flight: _Streamed, index: int) -> None:
+    async def _consume(self, flight: Streamed, index: int) -> None:
         """Stream sequence ``index`` into ``flight``; errors are kept for the walk to raise."""
         request = flight.requests[index]
         retries = 0
@@ -303,7 +242,7 @@ class StreamRunner(ChainRunner):
         finally:
             self._leave(flight, index)
 
-    async def _stream_once(self, flight: _Streamed, index: int, request: ProposalRequest) -> None:
+    async def _stream_once(self, flight: Streamed, index: int, request: ProposalRequest) -> None:
         budget = self.budget
         previous: float | None = None
         async with contextlib.aclosing(self.engine.stream(request)) as chunks:
@@ -329,7 +268,7 @@ class StreamRunner(ChainRunner):
 
     # ---- usability
 
-    def _usable(self, flight: _InFlight, state: ChainState) -> bool:
+    def _usable(self, flight: InFlight, state: ChainState) -> bool:
         """Whether ``flight`` is the request the sequential chain would make from ``state``."""
         current = state.response.token_ids[: flight.cut]
         if not np.array_equal(current, flight.response_prefix):
@@ -345,7 +284,7 @@ class StreamRunner(ChainRunner):
         return steps if self.window is None else min(m + self.window, steps)
 
     async def _run_block(self, state: ChainState, block: int) -> ChainState:
-        window: dict[int, _InFlight] = {}
+        window: dict[int, InFlight] = {}
         try:
             state = await self._stream_extension(state, block, window)
         except BaseException:
@@ -360,15 +299,17 @@ class StreamRunner(ChainRunner):
         return await self._walk(state, block, k, {})
 
     async def _stream_extension(
-        self, state: ChainState, block: int, window: dict[int, _InFlight]
+        self, state: ChainState, block: int, window: dict[int, InFlight]
     ) -> ChainState:
         """The block's extension, streamed; meanwhile the proposals whose cut lies in the prefix
         received so far are issued into ``window`` (see the module doc)."""
         request = self._extension_request(state, block)
         length = state.length + request.num_tokens
-        extension = _Streamed(-1, [request], HEAD)
         started = time.perf_counter()
-        self._start(extension)
+        extension = self._adopt_next(state)
+        if extension is None:
+            extension = Streamed(-1, [request], HEAD)
+            self._start(extension)
         seen = (-1, -1)
         try:
             while not extension.complete:
@@ -389,7 +330,49 @@ class StreamRunner(ChainRunner):
         self._confirm(window, state)
         return state
 
-    def _confirm(self, window: dict[int, _InFlight], state: ChainState) -> None:
+    def _extension_usable(self, issued_after: np.ndarray, state: ChainState) -> bool:
+        """Whether an extension requested after the response ``issued_after`` is the one the
+        sequential chain requests from ``state`` (the same response: same prefix, same seed)."""
+        return bool(np.array_equal(issued_after, state.response.token_ids))
+
+    def _adopt_next(self, state: ChainState) -> Streamed | None:
+        """The speculated extension of this block if the previous block ended in the state it
+        was requested from (it becomes the walk's head); otherwise it is closed."""
+        if self._next is None:
+            return None
+        extension, issued_after = self._next
+        self._next = None
+        if not self._extension_usable(issued_after, state) or extension.error is not None:
+            self._close(extension)
+            return None
+        running = sum(extension.active)
+        self.budget.release(running)
+        self.budget.add_head(running)
+        extension.role = HEAD
+        return extension
+
+    def _speculate_next(self, state: ChainState, block: int, m: int, steps: int) -> None:
+        """Request the next block's extension from ``state`` once the transitions left in this
+        block (``m`` onwards) are likely all to reject (it is closed if one accepts)."""
+        if self._next is not None or block + 1 >= self.config.num_blocks or not self.overlap:
+            return
+        if (1.0 - self._accept_rate()) ** (steps - m) < SURVIVAL_FLOOR:
+            return  # an accept among the transitions left would likely rewrite the response
+        if not self.budget.try_acquire(1):
+            return
+        extension = Streamed(-1, [self._extension_request(state, block + 1)], SPECULATIVE)
+        self._start(extension)
+        self._next = (extension, state.response.token_ids.copy())
+
+    def _drop_next(self, state: ChainState | None) -> None:
+        """Close the speculated extension if ``state`` (``None``: any) no longer matches it."""
+        if self._next is not None and (
+            state is None or not self._extension_usable(self._next[1], state)
+        ):
+            self._close(self._next[0])
+            self._next = None
+
+    def _confirm(self, window: dict[int, InFlight], state: ChainState) -> None:
         """Close what the whole extension does not confirm (a restarted stream rewrote the
         prefix, or EntropyCut's realised law draws another cut); the walk re-issues it."""
         for j in [j for j, other in window.items() if not self._usable(other, state)]:
@@ -403,9 +386,9 @@ class StreamRunner(ChainRunner):
 
     def _issue_early(
         self,
-        window: dict[int, _InFlight],
+        window: dict[int, InFlight],
         state: ChainState,
-        extension: _Streamed,
+        extension: Streamed,
         length: int,
         block: int,
     ) -> None:
@@ -438,14 +421,13 @@ class StreamRunner(ChainRunner):
             window[j] = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
 
     async def _walk(
-        self, state: ChainState, block: int, k: int, window: dict[int, _InFlight]
+        self, state: ChainState, block: int, k: int, window: dict[int, InFlight]
     ) -> tuple[ChainState, int]:
         """Transitions ``k``… of the block, in order, ``window`` holding what is in flight."""
         steps = self.config.steps_per_block
-        head: _InFlight | None = None
-        start_k = k
+        head: InFlight | None = None
+        start_k = m = k
         try:
-            m = k
             while m < steps:
                 self._refill(window, state, block, m, steps)
                 head = window.pop(m)
@@ -460,6 +442,8 @@ class StreamRunner(ChainRunner):
             # request to run to its end (a stalled server, a retried connection).
             if head is not None and not head.complete:
                 window[head.k] = head
+            if m < steps:  # stopped early: the next block will not come
+                self._drop_next(None)
             for flight in window.values():
                 self._close(flight)
             if window:
@@ -473,12 +457,14 @@ class StreamRunner(ChainRunner):
         one that accepts at a smaller cut rewrites the prefix. (For EntropyCut an accept at a
         larger cut may still move the cut; not counted: an estimate for sizing, never a check.)
         """
+        return float((1.0 - self._accept_rate()) ** sum(1 for c in threats if c < cut))
+
+    def _accept_rate(self) -> float:
         pseudo_accepts, pseudo_transitions = ACCEPT_PRIOR
-        rate = (self.stats.accepts + pseudo_accepts) / (self.stats.transitions + pseudo_transitions)
-        return float((1.0 - rate) ** sum(1 for c in threats if c < cut))
+        return (self.stats.accepts + pseudo_accepts) / (self.stats.transitions + pseudo_transitions)
 
     def _refill(
-        self, window: dict[int, _InFlight], state: ChainState, block: int, m: int, steps: int
+        self, window: dict[int, InFlight], state: ChainState, block: int, m: int, steps: int
     ) -> None:
         if m not in window:
             window[m] = self._issue(state, block, m, HEAD)
@@ -497,9 +483,11 @@ class StreamRunner(ChainRunner):
             if not self.budget.try_acquire(per_proposal):
                 break  # the engine's budget is spent: speculate less, never out of order
             window[j] = self._issue(state, block, j, SPECULATIVE, cut=cut)
+        if all(j in window for j in range(m, steps)):
+            self._speculate_next(state, block, m, steps)
 
     async def _transition(
-        self, state: ChainState, flight: _InFlight, block: int, window: dict[int, _InFlight]
+        self, state: ChainState, flight: InFlight, block: int, window: dict[int, InFlight]
     ) -> ChainState:
         verdict, waited = await self._await_decision(state, flight, block)
         if verdict is not None:  # early rejection: close the rest of the proposal
@@ -519,6 +507,7 @@ class StreamRunner(ChainRunner):
                 for j in [j for j, other in window.items() if not self._usable(other, state)]:
                     self._close(window.pop(j))
                     self.stats.requests_cancelled += 1
+                self._drop_next(state)
         self.stats.requests_used += 1
         if waited is not None:  # a wait on the engine opens a new call record
             self._flush(block)
@@ -551,7 +540,7 @@ class StreamRunner(ChainRunner):
         self._open_wall = 0.0
 
     async def _await_decision(
-        self, state: ChainState, flight: _InFlight, block: int
+        self, state: ChainState, flight: InFlight, block: int
     ) -> tuple[Verdict | None, float | None]:
         """Wait until ``flight`` is complete or certainly rejected.
 
@@ -594,6 +583,7 @@ class StreamRunner(ChainRunner):
         try:
             return await super().run(prompt_ids)
         finally:
+            self._drop_next(None)
             for task in list(self._tasks):
                 task.cancel()
             await self._drain()

@@ -24,7 +24,8 @@ from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
-from presto_client.core.stream_runner import StreamRunner, _InFlight
+from presto_client.core.stream_flight import InFlight
+from presto_client.core.stream_runner import StreamRunner
 from presto_client.errors import EngineUnavailableError
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
@@ -65,6 +66,7 @@ class UnrulyEngine:
         self.peak_proposals = 0
         self.open_streams = 0
         self.started_during_extension = 0
+        self.extensions_during_walk = 0
         self.breaks = 0
         self.rewritten = 0
         self.closed_early = 0
@@ -96,6 +98,7 @@ class UnrulyEngine:
         breaks_at = self.rng.randrange(1, len(whole)) if breaks else None
         self.open_streams += 1
         if extension:
+            self.extensions_during_walk += int(self.open_proposals > 0)
             self.open_extensions += 1
         else:
             self.started_during_extension += int(self.open_extensions > 0)
@@ -145,7 +148,8 @@ async def _replays(
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(sampler=sampler, block_size=10, num_blocks=2, steps_per_block=16)
     totals = dict.fromkeys(
-        ("early", "breaks", "rewritten", "cancelled", "closed", "peak", "rejected_early"), 0
+        ("early", "next", "breaks", "rewritten", "cancelled", "closed", "peak", "rejected_early"),
+        0,
     )
     same = True
     for seed in seeds:
@@ -165,6 +169,7 @@ async def _replays(
         assert engine.open_streams == 0  # every stream finished or was closed
         assert stream.stats.transitions == 32 and stream.stats.requests_used == 32
         totals["early"] += engine.started_during_extension
+        totals["next"] += engine.extensions_during_walk
         totals["breaks"] += engine.breaks
         totals["rewritten"] += engine.rewritten
         totals["cancelled"] += stream.stats.requests_cancelled
@@ -186,6 +191,7 @@ async def test_the_engine_sized_overlapped_window_replays_the_sequential_chain(
     assert same
     # The scenario exercised what it claims to.
     assert totals["early"] > 0  # proposals started while an extension was streaming
+    assert totals["next"] > 0  # the next block's extension started during this block's walk
     assert totals["peak"] > 4  # more in flight than a small window
     assert totals["breaks"] > 0 and totals["rewritten"] > 0
     assert totals["cancelled"] > 0 and totals["closed"] > 0
@@ -209,7 +215,7 @@ async def test_replay_catches_a_proposal_kept_after_an_accept_rewrote_its_prefix
     assert not same
 
 
-def _prefix_only(self: StreamRunner, flight: _InFlight, state: ChainState) -> bool:
+def _prefix_only(self: StreamRunner, flight: InFlight, state: ChainState) -> bool:
     """A plausible check that compares only the tokens the proposal was issued after: right
     when they are the whole prefix, blind to a proposal issued before its prefix was in."""
     prefix = flight.response_prefix
@@ -237,6 +243,17 @@ async def test_replay_catches_proposals_kept_from_a_rewritten_extension(
     monkeypatch.setattr(StreamRunner, "_confirm", lambda self, window, state: None)
     same, totals = await _replays("power_mh", range(8), break_probability=0.5)
     assert totals["rewritten"] > 0
+    assert not same
+
+
+async def test_replay_catches_a_next_extension_kept_after_an_accept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The next block's extension, speculated before this block's last transitions, is kept
+    only if they leave the response as it was requested after."""
+    monkeypatch.setattr(StreamRunner, "_extension_usable", lambda self, issued, state: True)
+    same, totals = await _replays("power_mh", range(8), break_probability=0.0)
+    assert totals["next"] > 0
     assert not same
 
 
