@@ -66,7 +66,7 @@ STREAM_RETRIES = 2
 HEAD = "head"
 SPECULATIVE = "speculative"
 
-SURVIVAL_FLOOR = 0.25
+SURVIVAL_FLOOR = 0.1
 """A speculative proposal is issued only while it is this likely to be usable at its turn
 (no earlier transition of the window accepts at a smaller cut, by the chain's acceptance rate so
 far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite

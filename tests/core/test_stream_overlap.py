@@ -324,8 +324,9 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     config = SamplerConfig(block_size=40, steps_per_block=30)
     runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
     assert runner._survival([5, 30, 30], 10) == pytest.approx(0.7)  # one threat, prior 0.3
-    assert runner._survival([5, 6, 7, 8, 9], 10) < stream_runner.SURVIVAL_FLOOR
-    assert runner._survival([5, 6, 7, 8, 9], 3) == 1.0
+    many = list(range(1, 10))  # nine earlier transitions at smaller cuts: 0.7^9 = 0.04
+    assert runner._survival(many, 10) < stream_runner.SURVIVAL_FLOOR
+    assert runner._survival(many, 1) == 1.0
     engine = _Counting(model)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
     result = await StreamRunner(engine, config, 1, None, window=None).run([1])
