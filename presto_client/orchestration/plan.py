@@ -199,7 +199,8 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
     lines.append(
         f"  sampler {s.sampler}: alpha={s.alpha} tau={tau:g}"
         f" block_size={s.block_size} num_blocks={s.num_blocks} K={s.steps_per_block}"
-        f" n_pf={s.n_pf} window={s.window} epsilon={s.epsilon}"
+        f" n_pf={s.n_pf} window={'engine-sized' if s.window is None else s.window}"
+        f" epsilon={s.epsilon}"
     )
     lines.append(f"  arms: {', '.join(a.arm for a in plan.arms)}")
     lines.append(
