@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class _SlowExtension(ReferenceEngine):
-    """The reference engine whose whole-block extensions take 30 ms (proposals are instant)."""
+    """The reference engine whose whole-block extensions take 30 ms (proposals are instant),
+    generated or streamed."""
 
     async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
-        if any(r.num_tokens == 8 and len(r.prefix) == 1 for r in requests):
+        if any(_extension(r) for r in requests):
             await asyncio.sleep(0.03)
         return await super().generate(requests)
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        if _extension(request):
+            await asyncio.sleep(0.03)
+        async for chunk in super().stream(request):
+            yield chunk
+
+
+def _extension(request: ProposalRequest) -> bool:
+    return request.num_tokens == 8 and len(request.prefix) == 1
 
 
 async def test_chain_wall_holds_the_chains_own_generation() -> None:
