@@ -317,9 +317,13 @@ class HttpEngine:
         finally:
             await events.aclose()
         if received != request.num_tokens:
-            raise EngineError(
-                f"{label}: the stream ended after {received} of {request.num_tokens} tokens",
+            # A stream that ends short without an error is a connection that went away midway
+            # (the server died or restarted): a reader may request it again.
+            raise EngineUnavailableError(
+                f"{label}: the stream ended after {received} of {request.num_tokens} tokens "
+                "(the server is unavailable, or dropped the connection)",
                 engine=self.name,
+                retryable=True,
             )
 
     # ---- exact scores

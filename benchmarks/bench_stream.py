@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from backends import EngineSpec, create_engine
-from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.runners import ChainResult, chain_budget, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +44,14 @@ ALL_ARMS = ("sequential", "bfs", "predictive", "crn", "stream")
 @dataclass
 class Arm:
     traversal: str
-    n_pf: int
+    n_pf: int | None
+    """W / N_pf; ``None``: the method's default (``stream``: no cap, the engine sizes it)."""
 
     @property
     def name(self) -> str:
-        return self.traversal if self.traversal == "sequential" else f"{self.traversal}@{self.n_pf}"
+        if self.traversal == "sequential":
+            return self.traversal
+        return f"{self.traversal}@{'auto' if self.n_pf is None else self.n_pf}"
 
 
 @dataclass
@@ -57,7 +60,7 @@ class Block:
 
     arm: str
     traversal: str
-    n_pf: int
+    n_pf: int | None
     prompt: int
     wall_s: float
     chains: list[dict[str, Any]] = field(default_factory=list)
@@ -139,6 +142,8 @@ async def run_block(
     spec_kw: dict[str, Any],
 ) -> Block:
     engine = create_engine(EngineSpec("vllm", (base_url,), **spec_kw))
+    # One budget for the block's chains, as the engine's owner holds one per replica in a job.
+    budget = chain_budget(engine)
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as control:
         await control.post("/stats/reset")
 
@@ -146,7 +151,13 @@ async def run_block(
             t0 = time.perf_counter()
             try:
                 result = await run_chain(
-                    engine, prompt, sampler, traversal=arm.traversal, n_pf=arm.n_pf, seed=seed + c
+                    engine,
+                    prompt,
+                    sampler,
+                    traversal=arm.traversal,
+                    n_pf=arm.n_pf,
+                    seed=seed + c,
+                    budget=budget,
                 )
             except Exception as exc:  # one failed chain does not end the benchmark
                 print(f"chain {arm.name} prompt {prompt_index} seed {seed + c} failed: {exc!r}")
@@ -256,14 +267,14 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     lines = [
         header,
         "",
-        "| arm | speedup (model-call time) | speedup (wall) | trans/call | tokens vs seq "
+        "| arm | speedup (end to end) | speedup (model-call time) | trans/call | tokens vs seq "
         "(client/server) | cancelled | early rej. | tokens saved | replays seq | trans/s "
         "| mean chain s | server peak/mean running | starved | clock dropped s |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['arm']} | {_fmt_range(r['speedup_calls'])} | {_fmt_range(r['speedup_wall'])} "
+            f"| {r['arm']} | {_fmt_range(r['speedup_wall'])} | {_fmt_range(r['speedup_calls'])} "
             f"| {r['transitions_per_call']:.2f} | {r['tokens_vs_sequential']['median']:.2f}x / "
             f"{r['server_tokens_vs_sequential']['median']:.2f}x "
             f"| {r['requests_cancelled']:.0f} | {r['early_rejects']:.0f} "
@@ -286,7 +297,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for traversal in ALL_ARMS[1:]:
-        mine = sorted((r for r in rows if r["traversal"] == traversal), key=lambda r: r["n_pf"])
+        mine = sorted(
+            (r for r in rows if r["traversal"] == traversal and r["n_pf"] is not None),
+            key=lambda r: r["n_pf"],
+        )
         if not mine:
             continue
         xs = [r["n_pf"] for r in mine]
@@ -317,7 +331,9 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
             arms.append(Arm(name, 1))
         else:
             arms.extend(Arm(name, n) for n in args.n_pf)
-    max_conc = args.max_concurrency or max(32, args.chains * max(args.n_pf))
+    # An uncapped window may keep every transition of the block in flight.
+    sizes = [n for n in args.n_pf if n is not None]
+    max_conc = args.max_concurrency or max(32, args.chains * max([*sizes, args.K]))
     spec_kw = {"top_k": args.top_k, "max_concurrency": max_conc, "request_timeout_s": 3600.0}
     probe = create_engine(EngineSpec("vllm", (base_url,), **spec_kw))
     try:
@@ -386,9 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chains", type=int, default=1, help="concurrent chains per arm")
     parser.add_argument(
         "--n-pf",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=lambda s: [None if x == "auto" else int(x) for x in s.split(",")],
         default=[8],
-        help="comma-separated W / N_pf values (a sweep)",
+        help="comma-separated W / N_pf values (a sweep); 'auto': the method's default (stream: "
+        "no cap, the engine's budget sizes the window; rounds: N_pf 8)",
     )
     parser.add_argument("--arms", default=",".join(ALL_ARMS))
     parser.add_argument("--top-k", type=int, default=20)

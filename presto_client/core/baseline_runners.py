@@ -69,6 +69,7 @@ class BaselineRunner(ChainRunner):
             self.kernel.score_spec,
         )
         (response,), wall = await self._generate([request])
+        self.stats.chain_wall_s = wall
         tokens = len(response)
         self.stats.rounds += 1
         self.stats.call_wall_s.append(wall)

@@ -38,7 +38,8 @@ class ChainRunner:
     """What every runner shares: the chain's engine, kernel, draws, statistics and records.
 
     A runner of a new method subclasses it and implements :meth:`_advance` (one or more
-    transitions from a state), or :meth:`run` itself (a baseline without MH)."""
+    transitions from a state), :meth:`_run_block` (a block's extension and transitions
+    together), or :meth:`run` itself (a baseline without MH)."""
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class ChainRunner:
         return results, wall
 
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
+        started = time.perf_counter()
         state = ChainState(
             tuple(int(t) for t in prompt_ids),
             ScoredTokens.empty(
@@ -114,34 +116,49 @@ class ChainRunner:
             ),
         )
         for block in range(self.config.num_blocks):
-            request = self.kernel.extension_request(
-                state.prefix(state.length), self.randomness.extension_seed(block)
-            )
-            (extension,), wall = await self._generate([request])
-            self.stats.extend_calls += 1
-            self.stats.extend_wall_s += wall
-            self.stats.tokens_generated += len(extension)
-            self._emit(
-                block=block,
-                kind="extend",
-                requests=1,
-                sequences=1,
-                used=1,
-                transitions=0,
-                accepts=0,
-                wall_s=wall,
-                tokens=len(extension),
-            )
-            state = state.extend(extension)
-            k = 0
-            while k < self.config.steps_per_block:
-                state, done = await self._advance(state, block, k)
-                k += done
+            state = await self._run_block(state, block)
+        self.stats.chain_wall_s = time.perf_counter() - started
         full = state.token_ids
         eos = self.config.eos_token_id
         final = full[: full.index(eos) + 1] if eos is not None and eos in full else full
         self.stats.record_final_response(state.response.slice(0, len(final)))
         return ChainResult(state.prompt, final, full, state, self.stats, self.transitions)
+
+    async def _run_block(self, state: ChainState, block: int) -> ChainState:
+        """One block: its extension, then its ``K`` transitions (:meth:`_advance`)."""
+        state = await self._extend(state, block)
+        k = 0
+        while k < self.config.steps_per_block:
+            state, done = await self._advance(state, block, k)
+            k += done
+        return state
+
+    def _extension_request(self, state: ChainState, block: int) -> ProposalRequest:
+        return self.kernel.extension_request(
+            state.prefix(state.length), self.randomness.extension_seed(block)
+        )
+
+    def _record_extension(self, block: int, extension: ScoredTokens, wall: float) -> None:
+        self.stats.extend_calls += 1
+        self.stats.extend_wall_s += wall
+        self.stats.tokens_generated += len(extension)
+        self._emit(
+            block=block,
+            kind="extend",
+            requests=1,
+            sequences=1,
+            used=1,
+            transitions=0,
+            accepts=0,
+            wall_s=wall,
+            tokens=len(extension),
+        )
+
+    async def _extend(self, state: ChainState, block: int) -> ChainState:
+        """The block's fixed-length extension from ``q_τ`` (one engine call)."""
+        (extension,), wall = await self._generate([self._extension_request(state, block)])
+        self._record_extension(block, extension, wall)
+        return state.extend(extension)
 
     async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
         raise NotImplementedError(f"{type(self).__name__} implements neither _advance nor run")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,92 +20,15 @@ from presto_client.core.engine_protocol import FloatArray, ProposalRequest, Scor
 from presto_client.core.rng import TransitionDraws
 from presto_client.core.settings import SamplerConfig, Setting
 from presto_client.core.state import ChainState
-from presto_client.errors import InvalidResponseError
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The outcome of one transition's decision (or the news that it is not yet decidable)."""
-
-    decided: bool
-    accepted: bool
-    selected: int
-    """Index of the proposal spliced in on accept (MultiTryMH's selected candidate, else 0)."""
-    log_accept_lo: float
-    log_accept_hi: float
-    """Bounds of ``log A`` (MultiTryMH: of the log acceptance ratio of the selected candidate)."""
-    eps_certain: bool
-    """``A ≥ 1−ε`` or ``A ≤ ε`` over the whole interval."""
-    early: bool = False
-    """Rejected from a partial proposal by :class:`RejectionBound` (method §5)."""
-
-    @property
-    def log_accept(self) -> float:
-        return 0.5 * (self.log_accept_lo + self.log_accept_hi)
-
-
-def _check_finite(name: str, *values: float) -> None:
-    for v in values:
-        if math.isnan(v):
-            raise InvalidResponseError(f"{name} is NaN: a proposal came back with NaN logprobs")
-
-
-def _decide_interval(lo: float, hi: float, u: float, epsilon: float) -> Verdict:
-    """Accept iff ``log u < log A``, ``log A ∈ [lo, hi]``; ambiguous if ``lo ≤ log u < hi``."""
-    _check_finite("log A", lo, hi)
-    log_u = math.log(u)
-    eps_certain = lo >= math.log1p(-epsilon) or hi <= math.log(epsilon)
-    if log_u < lo:
-        return Verdict(True, True, 0, lo, hi, eps_certain)
-    if log_u >= hi:
-        return Verdict(True, False, 0, lo, hi, eps_certain)
-    return Verdict(False, False, 0, lo, hi, eps_certain)
-
-
-UNSEEN_TOKEN_SLACK = 1e-6
-"""What a not-yet-received token may add to the upper bound of ``log A``, in nats.
-
-Each unseen token's term ``α·log p0 − log q_τ`` is ``≤ 0`` in exact arithmetic (method §5); the
-slack covers the rounding of the engine's reported logprobs (fp32 log-softmax drifts by ~1e-7),
-so that an early rejection is always the decision the full kernel takes on the reported scores.
-"""
-CUT_LAW_SLACK = 1e-9
-"""Rounding allowance of EntropyCut's cut-law bound (a ratio of sums summed in another order)."""
-
-
-class RejectionBound:
-    """An upper bound of a transition's acceptance, kept as a proposal's tokens stream in.
-
-    :meth:`feed` hands over the next tokens of sequence ``index`` (in order); :meth:`rejects` is
-    true once the transition is *certainly* rejected whatever the unseen tokens turn out to be:
-    the full kernel, given the whole proposal, would reject too. The walk then decides at once
-    and closes the proposal's stream (early rejection, method §5).
-    """
-
-    def feed(self, index: int, chunk: ScoredTokens) -> None:
-        raise NotImplementedError
-
-    def upper(self) -> float:
-        """The current upper bound of ``log A`` (MultiTryMH: of the log acceptance ratio)."""
-        raise NotImplementedError
-
-    def rejects(self) -> bool:
-        raise NotImplementedError
-
-    def verdict(self) -> Verdict:
-        """The (early) rejection, for the records: ``log A`` is reported at its upper bound."""
-        upper = self.upper()
-        return Verdict(True, False, 0, upper, upper, upper <= math.log(self._epsilon), early=True)
-
-    _epsilon: float = 0.01
-
-
-def _temperatures_bound_each_token(alpha: float, temperatures: Sequence[float]) -> bool:
-    """Whether ``α·log p0 − log q_τ = (α − 1/τ)·log p0 + log Z_τ ≤ 0`` for every token.
-
-    True iff ``α ≥ 1/τ ≥ 1`` for every temperature: both terms are then ``≤ 0``.
-    """
-    return all(t <= 1.0 + 1e-12 and alpha * t >= 1.0 - 1e-12 for t in temperatures)
+from presto_client.core.verdict import (
+    CUT_LAW_SLACK,
+    UNSEEN_TOKEN_SLACK,
+    RejectionBound,
+    Verdict,
+    check_finite,
+    decide_interval,
+    temperatures_bound_each_token,
+)
 
 
 class _SuffixBound(RejectionBound):
@@ -235,6 +157,16 @@ class Kernel:
         """The cut ``c ∈ {0, …, T−1}`` that the uniform ``u_cut`` picks under the cut law."""
         return min(int(u_cut * state.length), state.length - 1)
 
+    def speculative_cut(self, state: ChainState, length: int, u_cut: float) -> int:
+        """The cut ``u_cut`` will draw once the response, whose first tokens ``state`` holds, is
+        complete at ``length`` tokens (a block's extension still streaming in).
+
+        For a law of the length alone (the uniform cut) this is the cut itself. For a
+        state-dependent law it is a guess: a runner that issues a proposal on it must check,
+        before using the proposal, that the realised state's law draws the same cut.
+        """
+        return min(int(u_cut * length), length - 1)
+
     def log_cut_probability(self, state: ChainState, cut: int) -> float:
         return -math.log(state.length)
 
@@ -268,7 +200,7 @@ class Kernel:
         draws: TransitionDraws,
     ) -> Verdict:
         lo, hi = self.log_accept_bounds(state, cut, proposals[0])
-        return _decide_interval(lo, hi, draws.u_accept, self.config.epsilon)
+        return decide_interval(lo, hi, draws.u_accept, self.config.epsilon)
 
     def rejection_bound(
         self, state: ChainState, cut: int, draws: TransitionDraws
@@ -277,7 +209,7 @@ class Kernel:
 
         Only when every token's term is ``≤ 0``: ``α ≥ 1/τ ≥ 1`` (method §5).
         """
-        if not _temperatures_bound_each_token(self.alpha, self.score_spec.temperatures):
+        if not temperatures_bound_each_token(self.alpha, self.score_spec.temperatures):
             return None
         return _SuffixBound(self, state, cut, draws)
 
@@ -324,13 +256,18 @@ class EntropyCut(Kernel):
         self.beta = config.beta
         self.score_spec = ScoreSpec(temperatures=(self.tau,), entropy=True)
 
-    def cut_weights(self, state: ChainState) -> FloatArray:
+    def _jump_weights(self, state: ChainState) -> FloatArray:
+        """``Δ_t^β`` per position, unnormalised."""
         entropy = state.response.entropy
         if entropy is None:
             raise ValueError("EntropyCut needs per-token entropies in the state")
         previous = np.concatenate([[0.0], entropy[:-1]])
         jumps = np.maximum(0.0, entropy - previous)
         weights: FloatArray = jumps**self.beta
+        return weights
+
+    def cut_weights(self, state: ChainState) -> FloatArray:
+        weights = self._jump_weights(state)
         total = float(weights.sum())
         if not total > 0.0:
             return np.full(state.length, 1.0 / state.length)
@@ -340,6 +277,23 @@ class EntropyCut(Kernel):
         cdf = np.cumsum(self.cut_weights(state))
         return min(int(np.searchsorted(cdf, u_cut * cdf[-1], side="right")), state.length - 1)
 
+    def speculative_cut(self, state: ChainState, length: int, u_cut: float) -> int:
+        """A guess: the weights still to come are taken to total what the received ones do per
+        position (the walk uses the proposal only if the realised state draws the same cut)."""
+        received = state.length
+        if received >= length:
+            return self.cut(state, u_cut)
+        if received == 0:
+            return length - 1
+        weights = self._jump_weights(state)
+        total = float(weights.sum())
+        if not total > 0.0:
+            return min(int(u_cut * length), length - 1)
+        target = u_cut * total * length / received
+        if target < total:
+            return int(np.searchsorted(np.cumsum(weights), target, side="right"))
+        return min(received + int((target - total) * received / total), length - 1)
+
     def log_cut_probability(self, state: ChainState, cut: int) -> float:
         p = float(self.cut_weights(state)[cut])
         return math.log(p) if p > 0 else -math.inf
@@ -347,7 +301,7 @@ class EntropyCut(Kernel):
     def rejection_bound(
         self, state: ChainState, cut: int, draws: TransitionDraws
     ) -> RejectionBound | None:
-        if not _temperatures_bound_each_token(self.alpha, self.score_spec.temperatures):
+        if not temperatures_bound_each_token(self.alpha, self.score_spec.temperatures):
             return None
         return _EntropyCutBound(self, state, cut, draws)
 
@@ -425,7 +379,7 @@ class MultiTryMH(Kernel):
         draws: TransitionDraws,
     ) -> Verdict:
         log_lo, log_hi = self.log_weight_bounds(state, cut, proposals)
-        _check_finite("log w", *log_lo, *log_hi)
+        check_finite("log w", *log_lo, *log_hi)
         # Scale so the largest weight (or the current state's 1) is 1: no overflow.
         shift = max(float(log_hi.max()), 0.0)
         a = np.exp(log_lo - shift)
@@ -467,7 +421,7 @@ class MultiTryMH(Kernel):
     def rejection_bound(
         self, state: ChainState, cut: int, draws: TransitionDraws
     ) -> RejectionBound | None:
-        if not _temperatures_bound_each_token(self.alpha, self.temperatures):
+        if not temperatures_bound_each_token(self.alpha, self.temperatures):
             return None
         return _MultiTryBound(self, state, cut, draws)
 

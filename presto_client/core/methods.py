@@ -46,7 +46,8 @@ class ChainSetup:
     seed: int
     on_round: RoundCallback | None
     size: int | None
-    """The method's size parameter (``N_pf`` or ``W``); ``None`` for a method without one."""
+    """The method's size parameter (``N_pf`` or ``W``); ``None`` for a method without one, and
+    for ``stream`` without a cap (the engine's budget sizes its window)."""
     budget: SpeculationBudget
     """The speculation budget of the chain's engine, shared by the chains on it."""
     predictor: CertaintyPredictor | None = None
@@ -197,7 +198,6 @@ def _sequential(setup: ChainSetup) -> ChainRunner:
 
 
 def _stream(setup: ChainSetup) -> ChainRunner:
-    assert setup.size is not None
     return StreamRunner(
         setup.engine,
         setup.sampler,

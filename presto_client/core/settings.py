@@ -20,9 +20,10 @@ MIN_TAU = 1.0 / MAX_ALPHA
 ROUND_SIZE = 8
 """``N_pf``: the proposals prefetched per round of a round method (``bfs``, ``predictive``,
 ``crn``), and the size a caller of ``run_chain`` gets when it names none."""
-WINDOW = 16
-"""``W``: the most proposals a ``stream`` chain keeps in flight (a cap: the engine's budget may
-allow fewer)."""
+WINDOW: int | None = None
+"""``W``: the most proposals a ``stream`` chain keeps in flight, an optional cap. ``None`` (the
+default): the engine's shared speculation budget sizes the window (its measured cost and the
+slots the chains' heads need), up to every remaining transition of the block."""
 
 
 @dataclass(frozen=True, slots=True)

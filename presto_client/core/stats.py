@@ -71,6 +71,10 @@ class ChainStats:
     """Wall time of every proposal call, in order."""
     extend_wall_s: float = 0.0
     tighten_wall_s: float = 0.0
+    chain_wall_s: float = 0.0
+    """End to end: from the chain's start to its final state, its extensions, its waits and the
+    client's own work included (what a user waits for; model-call time leaves the extensions
+    and the client out)."""
     drift_max: float = 0.0
     drift_sum: float = 0.0
     drift_count: int = 0
@@ -132,6 +136,7 @@ class ChainStats:
             "tokens_saved_early": self.tokens_saved_early,
             "model_call_time_s": self.model_call_time_s,
             "extend_time_s": self.extend_wall_s,
+            "chain_wall_s": self.chain_wall_s,
             "transitions_per_call": self.transitions_per_call,
             "acceptance_rate": self.acceptance_rate,
             "drift_max": self.drift_max,

@@ -207,11 +207,12 @@ class SamplerSettings(StrictModel):
         ge=1,
         description="N_pf: proposal requests prefetched per round (bfs, predictive, crn).",
     )
-    window: int = Field(
+    window: int | None = Field(
         WINDOW,
         ge=1,
-        description="W of the 'stream' traversal: the most proposals a chain keeps in flight. A "
-        "cap: the engine's measured cost and the budget its chains share may allow fewer.",
+        description="W of the 'stream' traversal: an optional cap on the proposals a chain keeps "
+        "in flight. null (the default): the engine sizes the window, from its measured cost and "
+        "the slots its chains' heads need, up to every remaining transition of the block.",
     )
     epsilon: float = Field(
         _CORE.epsilon, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."

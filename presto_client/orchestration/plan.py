@@ -85,7 +85,8 @@ def job_fingerprint(
     Traversals and engines may be added to a run directory later (new arms); an engine already
     there must keep its kind and model. A refit predictor enters as its coefficients.
     """
-    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals", "predictor"})
+    # The stream window changes the speed, never a chain (stream replays the sequential chain).
+    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals", "predictor", "window"})
     if not sampler["options"]:
         del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
     if predictor is not None:  # (absent otherwise: the fingerprint of a job without one)
@@ -199,7 +200,8 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
     lines.append(
         f"  sampler {s.sampler}: alpha={s.alpha} tau={tau:g}"
         f" block_size={s.block_size} num_blocks={s.num_blocks} K={s.steps_per_block}"
-        f" n_pf={s.n_pf} window={s.window} epsilon={s.epsilon}"
+        f" n_pf={s.n_pf} window={'engine-sized' if s.window is None else s.window}"
+        f" epsilon={s.epsilon}"
     )
     lines.append(f"  arms: {', '.join(a.arm for a in plan.arms)}")
     lines.append(

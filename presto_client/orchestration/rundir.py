@@ -88,6 +88,13 @@ def fingerprint_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> lis
         a, b = old.get(key), new.get(key)
         if key == "engines" and isinstance(a, dict) and isinstance(b, dict):
             out.extend(f"engines.{n}" for n in sorted(set(a) & set(b)) if a[n] != b[n])
+        elif key == "sampler" and isinstance(a, dict) and isinstance(b, dict):
+            # Older runs recorded the stream window, which defines no work: a run made with
+            # window 16 resumes without a cap (or another one).
+            if {k: v for k, v in a.items() if k != "window"} != {
+                k: v for k, v in b.items() if k != "window"
+            }:
+                out.append(key)
         elif a != b:
             out.append(key)
     return out

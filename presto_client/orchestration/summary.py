@@ -7,7 +7,10 @@ requests used/issued, acceptance rate, ε-certain share, model-call time, the en
 hit rate, and, when the engine also ran the ``sequential`` baseline, the speedup over it, paired
 per (prompt, chain): ``baseline model-call time / arm model-call time`` (same seed, so with
 ``crn`` the same chain: identical work). Median and range over pairs are reported, with how many
-paired chains ended in the same response as the baseline.
+paired chains ended in the same response as the baseline. Beside it, the end-to-end speedup
+(``speedup_wall_*``): the same pairs' ``stats.chain_wall_s``, everything from the chain's start to
+its final state (its own generation included): what a user waits for. A run directory written
+before chains recorded ``chain_wall_s`` has no end-to-end figure (``None``), never a guess.
 
 Output equivalence (method §6): for the same pairs, the final response's mean token
 log-likelihood (``final_mean_logp0``) and, where the sampler keeps entropies, its confidence
@@ -229,6 +232,13 @@ def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | N
     return {e: None if r is None else min(max(r, 0.0), 1.0) for e, r in rates.items()}
 
 
+def _chain_wall(row: Mapping[str, Any]) -> float | None:
+    """A chain's end-to-end wall time (``stats.chain_wall_s``); ``None`` for a chain recorded
+    before the field existed (an older run directory: no end-to-end figure, never a guess)."""
+    value = _finite((row.get("stats") or {}).get("chain_wall_s"))
+    return value if value is not None and value > 0 else None
+
+
 def summarize(
     samples: Iterable[Mapping[str, Any]],
     metrics: Iterable[Mapping[str, Any]] = (),
@@ -271,8 +281,10 @@ def summarize(
             drift = _finite(stats.get("drift_max"))
             if drift is not None:
                 drifts.append(drift)
+        walls = [w for w in (_chain_wall(r) for r in ok.values()) if w is not None]
         base_arm = f"{engine}/{baseline}"
         speedups: list[float] = []
+        wall_speedups: list[float] = []
         identical = 0
         prompt_speedups: dict[int, list[float]] = {}
         base = ok_by_arm.get(base_arm) if base_arm != arm else None
@@ -286,6 +298,11 @@ def summarize(
                     as_number((r.get("stats") or {}).get("model_call_time_s")),
                 )
                 identical += int(b.get("token_ids") == r.get("token_ids"))
+                b_wall, r_wall = _chain_wall(b), _chain_wall(r)
+                if b_wall is not None and r_wall is not None:
+                    s_wall = _ratio(b_wall, r_wall)
+                    if s_wall is not None:
+                        wall_speedups.append(s_wall)
                 if s is not None:
                     speedups.append(s)
                     prompt_speedups.setdefault(key[0], []).append(s)
@@ -338,7 +355,12 @@ def summarize(
             "drift_max": max(drifts) if drifts else None,
             "seconds_per_call": _ratio(totals["model_call_time_s"], rounds),
             "prefix_cache_hit_rate": hit_rates.get(engine),
+            "chain_wall_s": sum(walls) if walls else None,
+            "chain_wall_median_s": statistics.median(walls) if walls else None,
             "baseline": base_arm if base is not None else None,
+            "speedup_wall_median": statistics.median(wall_speedups) if wall_speedups else None,
+            "speedup_wall_min": min(wall_speedups) if wall_speedups else None,
+            "speedup_wall_max": max(wall_speedups) if wall_speedups else None,
             "speedup_median": statistics.median(speedups) if speedups else None,
             "speedup_min": min(speedups) if speedups else None,
             "speedup_max": max(speedups) if speedups else None,

@@ -53,14 +53,18 @@ def check_baseline(arms: Sequence[Arm], baseline: str | None) -> None:
 
 
 def paired_ratios(
-    samples: Iterable[Mapping[str, Any]], baseline_arm: str
+    samples: Iterable[Mapping[str, Any]],
+    baseline_arm: str,
+    metric: str = "model_call_time_s",
 ) -> dict[str, dict[str, float | int]]:
-    """Per arm: ``baseline time / arm time`` over (prompt, chain) pairs both finished ok."""
+    """Per arm: ``baseline time / arm time`` over (prompt, chain) pairs both finished ok, by the
+    chains' ``metric`` (``model_call_time_s``, or ``chain_wall_s``: end to end; chains recorded
+    without it are left out)."""
     ok = [r for r in latest_by_chain(samples).values() if r.get("status") == "ok"]
     by_arm: dict[str, dict[tuple[int, int], float]] = {}
     for r in ok:
         key = (int(r.get("prompt_index", -1)), int(r.get("chain_index", -1)))
-        t = as_number((r.get("stats") or {}).get("model_call_time_s"))
+        t = as_number((r.get("stats") or {}).get(metric))
         by_arm.setdefault(str(r.get("arm")), {})[key] = t
     base = by_arm.get(baseline_arm, {})
     out: dict[str, dict[str, float | int]] = {}
@@ -87,19 +91,18 @@ def format_comparison(
     if details:
         parts.append(details)
     if baseline is not None:
-        ratios = paired_ratios(samples, baseline)
+        samples = list(samples)
         arms = [str(a["arm"]) for a in summary.get("arms", [])]
-        medians, ranges = [], []
-        for arm in arms:
-            r = ratios.get(arm)
-            medians.append("-" if r is None else f"{r['median']:.2f}x")
-            ranges.append("-" if r is None else f"{r['min']:.2f}-{r['max']:.2f}")
-        parts.append(
-            render_table(
-                [f"speedup vs {baseline}", *arms],
-                [["paired, median", *medians], ["  range", *ranges]],
-            )
-        )
+        rows = []
+        for label, metric in (("end to end", "chain_wall_s"), ("model calls", "model_call_time_s")):
+            ratios = paired_ratios(samples, baseline, metric)
+            medians, ranges = [], []
+            for arm in arms:
+                r = ratios.get(arm)
+                medians.append("-" if r is None else f"{r['median']:.2f}x")
+                ranges.append("-" if r is None else f"{r['min']:.2f}-{r['max']:.2f}")
+            rows += [[f"{label}, paired median", *medians], ["  range", *ranges]]
+        parts.append(render_table([f"speedup vs {baseline}", *arms], rows))
     per_prompt = format_speedup_per_prompt(summary)
     if per_prompt:
         parts.append(per_prompt)

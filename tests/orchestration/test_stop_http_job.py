@@ -95,12 +95,15 @@ async def test_a_job_whose_streams_never_end_is_cancelled_at_once(
     tmp_path: Path, server: Any
 ) -> None:
     run_dir = tmp_path / "run"
-    server.faults.stall_streams = True  # the extension answers; every proposal stalls
     job = asyncio.create_task(run_job_async(plan_of(_config(run_dir, server.base_url))))
     await _until(
         lambda: any(r["kind"] == "extend" for r in _records(run_dir)), "a chain's first call"
     )
-    await _until(lambda: server.stats.requests.get("/v1/completions", 0) >= 3, "its proposals")
+    server.faults.stall_streams = True  # from now on every stream sends only keepalives
+    before = server.stats.requests.get("/v1/completions", 0)
+    await _until(
+        lambda: server.stats.requests.get("/v1/completions", 0) >= before + 2, "its proposals"
+    )
     elapsed = await _cancel_and_time(job)
     assert elapsed < STOP_WITHIN_S
     session = _last_session(run_dir)

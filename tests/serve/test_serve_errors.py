@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +196,12 @@ class _GatedEngine(ReferenceEngine):
         if not self.gate.is_set():  # (a worker thread waits; the test sets the gate at its end)
             await asyncio.to_thread(self.gate.wait, 30)
         return await super().generate(requests)
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        if not self.gate.is_set():  # (the stream traversal streams its extensions too)
+            await asyncio.to_thread(self.gate.wait, 30)
+        async for chunk in super().stream(request):
+            yield chunk
 
 
 def test_beyond_the_queue_bound_is_a_429_with_retry_after(tmp_path: Path) -> None:

@@ -1,0 +1,359 @@
+"""The ``stream`` traversal with the window sized by the engine (no cap) and the block's own
+generation overlapped: replay of the sequential chain for every sampler over several blocks,
+under out-of-order completion, closed streams and broken streams (an extension stream that breaks
+after sending tokens of another sample, so that the prefix proposals were issued from is
+rewritten); the negative controls show that the replay check catches a proposal kept although an
+accept rewrote its prefix, and one issued past the tokens received so far."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+import pytest
+
+from presto_client.core import stream_runner
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
+from presto_client.core.kernels import make_kernel
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.rng import ChainRandomness
+from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
+from presto_client.core.state import ChainState
+from presto_client.core.stream_flight import InFlight
+from presto_client.core.stream_runner import StreamRunner
+from presto_client.errors import EngineUnavailableError
+
+SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
+
+
+def _walk(result: ChainResult) -> list[tuple[int, int, int, bool, int]]:
+    return [
+        (t.block, t.k, t.cut, t.accepted, t.selected if t.accepted else -1)
+        for t in result.transitions
+    ]
+
+
+class UnrulyEngine:
+    """The reference engine's answers, streamed in random chunks at random times.
+
+    Some streams break midway (a retryable error, as a dropped connection); an extension stream
+    that breaks first sends tokens of another sample, as a server that samples afresh on the
+    retry would: what was received before the break is not the block's extension. Records, for
+    each proposal stream, whether an extension was streaming when it started, and the most
+    proposal streams open at once.
+    """
+
+    def __init__(
+        self,
+        inner: ReferenceEngine,
+        *,
+        seed: int,
+        extension_seeds: set[int],
+        break_probability: float = 0.0,
+    ) -> None:
+        self.inner = inner
+        self.name = "unruly"
+        self.rng = random.Random(seed)
+        self.extension_seeds = extension_seeds
+        self.break_probability = break_probability
+        self.open_extensions = 0
+        self.open_proposals = 0
+        self.peak_proposals = 0
+        self.open_streams = 0
+        self.started_during_extension = 0
+        self.extensions_during_walk = 0
+        self.breaks = 0
+        self.rewritten = 0
+        self.closed_early = 0
+        self._broken: set[tuple[tuple[int, ...], int]] = set()
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        return await self.inner.generate(requests)
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+        return await self.inner.score(requests)
+
+    async def aclose(self) -> None:
+        return None
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        (whole,) = await self.inner.generate([request])
+        extension = request.seed in self.extension_seeds
+        key = (request.prefix, request.seed)
+        breaks = (
+            len(whole) > 1
+            and key not in self._broken
+            and self.rng.random() < self.break_probability
+        )
+        source = whole
+        if breaks and extension:  # the tokens before the break are another sample's
+            other = dataclasses.replace(request, seed=(request.seed + 7919) % (2**31 - 1))
+            (source,) = await self.inner.generate([other])
+            self.rewritten += int(not np.array_equal(source.token_ids, whole.token_ids))
+        breaks_at = self.rng.randrange(1, len(whole)) if breaks else None
+        self.open_streams += 1
+        if extension:
+            self.extensions_during_walk += int(self.open_proposals > 0)
+            self.open_extensions += 1
+        else:
+            self.started_during_extension += int(self.open_extensions > 0)
+            self.open_proposals += 1
+            self.peak_proposals = max(self.peak_proposals, self.open_proposals)
+        finished = False
+        try:
+            i = 0
+            while i < len(whole):
+                await asyncio.sleep(self.rng.random() * 3e-4)
+                if breaks_at is not None and i >= breaks_at:
+                    self.breaks += 1
+                    self._broken.add(key)
+                    raise EngineUnavailableError(
+                        "the stream broke", engine=self.name, retryable=True
+                    )
+                n = self.rng.randint(1, 3)
+                if breaks_at is not None:  # a stream that breaks sends only what precedes it
+                    n = min(n, breaks_at - i)
+                yield source.slice(i, i + n)
+                i += n
+            finished = True
+        finally:
+            self.open_streams -= 1
+            if extension:
+                self.open_extensions -= 1
+            else:
+                self.open_proposals -= 1
+            if not finished:
+                self.closed_early += 1
+
+
+def _extension_seeds(config: SamplerConfig, seed: int) -> set[int]:
+    randomness = ChainRandomness(seed)
+    return {randomness.extension_seed(b) for b in range(config.num_blocks)}
+
+
+async def _replays(
+    sampler: str,
+    seeds: range,
+    *,
+    break_probability: float = 0.3,
+    top_k: int | None = 4,
+    window: int | None = None,
+) -> tuple[bool, dict[str, int]]:
+    """Whether every chain replayed the sequential chain, and what the scenario exercised."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(sampler=sampler, block_size=10, num_blocks=2, steps_per_block=16)
+    totals = dict.fromkeys(
+        ("early", "next", "breaks", "rewritten", "cancelled", "closed", "peak", "rejected_early"),
+        0,
+    )
+    same = True
+    for seed in seeds:
+        baseline = await run_chain(
+            ReferenceEngine(model, top_k=top_k), [2], config, traversal="sequential", seed=seed
+        )
+        engine = UnrulyEngine(
+            ReferenceEngine(model, top_k=top_k),
+            seed=seed,
+            extension_seeds=_extension_seeds(config, seed),
+            break_probability=break_probability,
+        )
+        stream = await run_chain(engine, [2], config, traversal="stream", n_pf=window, seed=seed)
+        same = same and (
+            stream.full_token_ids == baseline.full_token_ids and _walk(stream) == _walk(baseline)
+        )
+        assert engine.open_streams == 0  # every stream finished or was closed
+        assert stream.stats.transitions == 32 and stream.stats.requests_used == 32
+        totals["early"] += engine.started_during_extension
+        totals["next"] += engine.extensions_during_walk
+        totals["breaks"] += engine.breaks
+        totals["rewritten"] += engine.rewritten
+        totals["cancelled"] += stream.stats.requests_cancelled
+        totals["closed"] += engine.closed_early
+        totals["peak"] = max(totals["peak"], engine.peak_proposals)
+        totals["rejected_early"] += stream.stats.early_rejects
+    return same, totals
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+async def test_the_engine_sized_overlapped_window_replays_the_sequential_chain(
+    sampler: str,
+) -> None:
+    """No cap, proposals issued while each block's extension streams, two blocks, streams that
+    complete out of order, are closed (accepts, early rejections) and break (extensions
+    rewritten before the break): the chain is the sequential chain, token for token and
+    decision for decision."""
+    same, totals = await _replays(sampler, range(5))
+    assert same
+    # The scenario exercised what it claims to.
+    assert totals["early"] > 0  # proposals started while an extension was streaming
+    assert totals["next"] > 0  # the next block's extension started during this block's walk
+    assert totals["peak"] > 4  # more in flight than a small window
+    assert totals["breaks"] > 0 and totals["rewritten"] > 0
+    assert totals["cancelled"] > 0 and totals["closed"] > 0
+
+
+@pytest.mark.parametrize("top_k", [None, 5], ids=["exact", "top5-certified"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+async def test_the_overlap_replays_with_a_cap_too(sampler: str, top_k: int | None) -> None:
+    same, _ = await _replays(sampler, range(3), break_probability=0.0, top_k=top_k, window=4)
+    assert same
+
+
+# ---- negative controls: the replay check catches the faults the overlap could make
+
+
+async def test_replay_catches_a_proposal_kept_after_an_accept_rewrote_its_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(StreamRunner, "_usable", lambda self, flight, state: True)
+    same, _ = await _replays("power_mh", range(5), break_probability=0.0)
+    assert not same
+
+
+def _prefix_only(self: StreamRunner, flight: InFlight, state: ChainState) -> bool:
+    """A plausible check that compares only the tokens the proposal was issued after: right
+    when they are the whole prefix, blind to a proposal issued before its prefix was in."""
+    prefix = flight.response_prefix
+    return bool(np.array_equal(state.response.token_ids[: len(prefix)], prefix))
+
+
+async def test_replay_catches_a_proposal_issued_past_the_tokens_received(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(StreamRunner, "_usable", _prefix_only)
+    same, totals = await _replays("power_mh", range(5), break_probability=0.0)
+    assert same and totals["early"] > 0  # the weaker check alone is right for this runner
+    monkeypatch.setattr(StreamRunner, "_ready", lambda self, cut, received: True)
+    same, _ = await _replays("power_mh", range(5), break_probability=0.0)
+    assert not same
+
+
+async def test_replay_catches_proposals_kept_from_a_rewritten_extension(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the check at the extension's end, proposals issued from tokens that a broken
+    stream's retry replaced would be used."""
+    same, totals = await _replays("power_mh", range(8), break_probability=0.5)
+    assert same and totals["rewritten"] > 0
+    monkeypatch.setattr(StreamRunner, "_confirm", lambda self, window, state: None)
+    same, totals = await _replays("power_mh", range(8), break_probability=0.5)
+    assert totals["rewritten"] > 0
+    assert not same
+
+
+async def test_replay_catches_a_next_extension_kept_after_an_accept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The next block's extension, speculated before this block's last transitions, is kept
+    only if they leave the response as it was requested after."""
+    monkeypatch.setattr(StreamRunner, "_extension_usable", lambda self, issued, state: True)
+    same, totals = await _replays("power_mh", range(8), break_probability=0.0)
+    assert totals["next"] > 0
+    assert not same
+
+
+# ---- the window follows the engine's budget
+
+
+def _fitted(a: float, b: float) -> SpeculationBudget:
+    budget = SpeculationBudget(None)
+    for i in range(4 * MIN_OBSERVATIONS):
+        n = 1 + i % 8
+        budget.observe(1, a + b * n, n)
+    return budget
+
+
+class _Counting(ReferenceEngine):
+    def __init__(self, model: ReferenceModel) -> None:
+        super().__init__(model)
+        self.open = 0
+        self.peak = 0
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        self.open += 1
+        self.peak = max(self.peak, self.open)
+        try:
+            async for chunk in super().stream(request):
+                await asyncio.sleep(1e-4)
+                yield chunk
+        finally:
+            self.open -= 1
+
+
+async def test_without_a_cap_the_window_reaches_every_remaining_transition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every proposal worth its tokens (no survival floor) and an open budget the window
+    holds every remaining transition; a cap bounds it."""
+    monkeypatch.setattr(stream_runner, "SURVIVAL_FLOOR", 0.0)
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=40, steps_per_block=30)
+    baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
+    engine = _Counting(model)
+    result = await StreamRunner(engine, config, 1, None, window=None).run([1])
+    assert result.full_token_ids == baseline.full_token_ids
+    assert engine.peak > 20  # far past the old default cap of 16, towards K = 30
+    capped = _Counting(model)
+    await StreamRunner(capped, config, 1, None, window=5).run([1])
+    assert capped.peak <= 5 + 1  # the cap (and the extension while it streams)
+
+
+async def test_a_steep_engine_cost_pulls_the_window_back() -> None:
+    """On a compute-bound engine (every sequence costs as much as the step's base) the budget
+    allows ``tolerance·step(1)/b`` = 1 speculative sequence: the window stays small."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=40, steps_per_block=30)
+    engine = _Counting(model)
+    budget = _fitted(0.01, 0.01)
+    baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
+    result = await StreamRunner(engine, config, 1, None, window=None, budget=budget).run([1])
+    assert result.full_token_ids == baseline.full_token_ids
+    assert budget.peak_speculative <= 1
+    assert engine.peak <= 2
+
+
+async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
+    """The survival floor: a deep proposal with a small cut (few earlier transitions can rewrite
+    its prefix) goes out, one with many earlier smaller cuts waits until the walk is nearer."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=40, steps_per_block=30)
+    runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
+    assert runner._survival([5, 30, 30], 10) == pytest.approx(0.7)  # one threat, prior 0.3
+    many = list(range(1, 10))  # nine earlier transitions at smaller cuts: 0.7^9 = 0.04
+    assert runner._survival(many, 10) < stream_runner.SURVIVAL_FLOOR
+    assert runner._survival(many, 1) == 1.0
+    engine = _Counting(model)
+    baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
+    result = await StreamRunner(engine, config, 1, None, window=None).run([1])
+    assert result.full_token_ids == baseline.full_token_ids
+    assert 1 < engine.peak < 30
+
+
+def test_the_speculative_cut_is_the_cut_once_the_response_is_complete() -> None:
+    rng = np.random.default_rng(0)
+    for sampler in SAMPLERS:
+        kernel = make_kernel(SamplerConfig(sampler=sampler, block_size=12))
+        n = 12
+        entropy = rng.random(n) * 2
+        response = ScoredTokens(
+            np.arange(n),
+            -rng.random(n),
+            -rng.random((n, len(kernel.score_spec.temperatures))),
+            -rng.random((n, len(kernel.score_spec.temperatures))),
+            entropy if kernel.score_spec.entropy else None,
+        )
+        response = dataclasses.replace(response, logq_hi=response.logq_lo)
+        state = ChainState((0,), response)
+        for u in rng.random(50):
+            assert kernel.speculative_cut(state, n, float(u)) == kernel.cut(state, float(u))
+            for received in range(1, n):
+                partial = ChainState((0,), response.slice(0, received))
+                cut = kernel.speculative_cut(partial, n, float(u))
+                assert 0 <= cut < n
+                if not kernel.state_dependent_cut:  # a law of the length: exact before the end
+                    assert cut == kernel.cut(state, float(u))
