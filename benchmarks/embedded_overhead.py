@@ -12,6 +12,9 @@ number of proposals for every arm; each arm reports seconds per generated token:
             starts it) with the presto client (``create_engine(...).generate``, top-20 raw
             logprobs, scores at tau = 1 and 1/alpha), one at a time: a sequential chain's calls.
 
+``chain``   real sequential PowerMH chains (block ``T``, ``K = --proposals`` transitions) on
+            the same server: what a presto sequential run adds on top (its own tokens count).
+
 ``engine - plain`` is the engine's batching/sampling overhead, ``http - engine`` what HTTP, JSON
 and the client add. ``--profile DIR`` saves cProfiles of the ``engine`` arm (``engine.prof``)
 and prints its top functions by own time.
@@ -128,6 +131,38 @@ def http_client(url: str, prompts: list[list[int]], T: int, tau: float, n: int) 
     return asyncio.run(go())
 
 
+def sequential_chain(url: str, prompts: list[list[int]], T: int, alpha: float, n: int) -> int:
+    """Real PowerMH chains (block T, K = n transitions, one call at a time) on the server."""
+    from backends import EngineSpec, create_engine
+    from presto_client.core.sequential_runner import SequentialRunner
+    from presto_client.core.settings import SamplerConfig
+
+    async def go() -> int:
+        engine = create_engine(EngineSpec("vllm", (url,), top_k=TOP_K, max_concurrency=1))
+        config = SamplerConfig(alpha=alpha, block_size=T, num_blocks=1, steps_per_block=n)
+        made = 0
+        try:
+            for pi, prompt in enumerate(prompts):
+                result = await SequentialRunner(engine, config, pi, None).run(prompt)
+                made += result.stats.tokens_generated
+        finally:
+            await engine.aclose()
+        return made
+
+    return asyncio.run(go())
+
+
+def _child_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; 0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _top(prof: cProfile.Profile, limit: int = 25) -> str:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(limit)
@@ -151,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from presto_client.embedded.batching import BatchingEngine, SamplingParams
-    from presto_client.embedded.launch import embedded_server
+    from presto_client.embedded.launch import EmbeddedServer
     from presto_client.embedded.model import load_model
 
     loaded = load_model()
@@ -159,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     engine = BatchingEngine(loaded)
     engine.start()
     engine.submit([1, 2, 3, 4], SamplingParams(max_tokens=4, temperature=1.0, seed=0)).result(300)
-    server = embedded_server() if "http" in arms else None
-    url = server.__enter__() if server is not None else ""
+    server = EmbeddedServer(None) if {"http", "chain"} & set(arms) else None
+    url = server.start() if server is not None else ""
+    server_pid = server.pid if server is not None else None
     times: dict[str, list[float]] = {a: [] for a in arms}
+    cpus: dict[str, list[float]] = {a: [] for a in arms}
     tokens: dict[str, int] = {}
     profiles: dict[str, cProfile.Profile] = {}
     try:
@@ -171,9 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for arm in arms:
                 engine.reset()
-                t0 = time.perf_counter()
+                t0, c0, s0 = time.perf_counter(), time.process_time(), _child_cpu_s(server_pid)
                 made = _run(arm, loaded, engine, url, prompts, args.T, tau, args.proposals)
                 times[arm].append(time.perf_counter() - t0)
+                # This process's CPU (all its threads) plus, for http, the server's.
+                cpu = time.process_time() - c0
+                if arm in ("http", "chain"):
+                    cpu += _child_cpu_s(server_pid) - s0
+                cpus[arm].append(cpu)
                 tokens[arm] = made
                 print(f"{arm}: {times[arm][-1]:.1f} s, {made} tokens", file=sys.stderr)
         if args.profile and "engine" in arms:
@@ -181,21 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.stop()
         if server is not None:
-            server.__exit__(None, None, None)
+            server.stop()
     base = statistics.median(times[arms[0]]) / tokens[arms[0]]
     rows = []
     print(
         f"torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}, "
         f"{args.prompts} prompts x {args.proposals} proposals x T={args.T}, tau={tau:g}"
     )
-    print(f"| arm | tokens | s | ms/token | vs {arms[0]} |")
-    print("|---|---:|---:|---:|---:|")
+    cbase = statistics.median(cpus[arms[0]]) / tokens[arms[0]]
+    print(f"| arm | tokens | wall s | wall ms/token | vs {arms[0]} | CPU ms/token | vs {arms[0]} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for arm in arms:
         per = statistics.median(times[arm]) / tokens[arm]
-        rows.append({"arm": arm, "tokens": tokens[arm], "s": times[arm], "ms_per_token": 1e3 * per})
+        cper = statistics.median(cpus[arm]) / tokens[arm]
+        rows.append({"arm": arm, "tokens": tokens[arm], "wall_s": times[arm], "cpu_s": cpus[arm]})
         print(
-            f"| {arm} | {tokens[arm]} | {statistics.median(times[arm]):.1f} | "
-            f"{1e3 * per:.2f} | {per / base:.2f}x |"
+            f"| {arm} | {tokens[arm]} | {statistics.median(times[arm]):.1f} | {1e3 * per:.1f} | "
+            f"{per / base:.2f}x | {1e3 * cper:.1f} | {cper / cbase:.2f}x |"
         )
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -250,6 +294,8 @@ def _run(
         return engine_direct(engine, prompts, T, tau, n)
     if arm == "http":
         return http_client(url, prompts, T, tau, n)
+    if arm == "chain":
+        return sequential_chain(url, prompts, T, 1.0 / tau, n)
     raise ValueError(f"unknown arm {arm!r}")
 
 
