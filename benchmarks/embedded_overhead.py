@@ -6,6 +6,8 @@ number of proposals for every arm; each arm reports seconds per generated token:
 ``plain``   a plain loop: per proposal, a fresh KV cache, the prompt prefilled, then one
             ``model(...)`` call per token (``logits_to_keep=1``), ``log_softmax`` + top-20 of
             the float32 logits and a draw at ``tau`` (``torch.multinomial``); no server.
+``generate`` one ``model.generate`` per proposal (sampled, fixed length, ``output_logits``),
+            top-20 of each step's ``log_softmax`` afterwards: the issue's baseline.
 ``engine``  the embedded engine's :class:`~presto_client.embedded.batching.BatchingEngine`
             called directly (``submit(...).result()``, no HTTP), one proposal at a time.
 ``http``    the same proposals through the embedded HTTP server (a subprocess, as the demo
@@ -89,6 +91,36 @@ def plain_loop(loaded: Any, prompts: list[list[int]], T: int, tau: float, n: int
                     float(logp[tok])
                     ids = torch.tensor([[tok]], dtype=torch.long)
                     made += 1
+    return made
+
+
+def hf_generate(loaded: Any, prompts: list[list[int]], T: int, tau: float, n: int) -> int:
+    """The issue's baseline: one ``model.generate`` per proposal (sampled at ``tau``, fixed
+    length, per-step scores kept for the logprobs)."""
+    import torch
+
+    model = loaded.model
+    made = 0
+    with torch.inference_mode():
+        for pi, prompt in enumerate(prompts):
+            for r in range(n):
+                torch.manual_seed(pi * 1000 + r)
+                out = model.generate(
+                    torch.tensor([prompt], dtype=torch.long),
+                    attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+                    do_sample=True,
+                    temperature=tau,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=T,
+                    min_new_tokens=T,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=loaded.tokenizer.eos_token_id,
+                )
+                for step in out.logits:
+                    torch.topk(torch.log_softmax(step[0].float(), dim=-1), TOP_K)
+                made += out.sequences.shape[1] - len(prompt)
     return made
 
 
@@ -290,6 +322,8 @@ def _run(
 ) -> int:
     if arm == "plain":
         return plain_loop(loaded, prompts, T, tau, n)
+    if arm == "generate":
+        return hf_generate(loaded, prompts, T, tau, n)
     if arm == "engine":
         return engine_direct(engine, prompts, T, tau, n)
     if arm == "http":
