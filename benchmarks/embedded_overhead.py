@@ -29,18 +29,12 @@ three arms in turn and the table reports each arm's median round.
 
 from __future__ import annotations
 
-import os
-
-# Same OpenMP policy as the embedded server sets for itself, so that the arms differ only in
-# their own code (must precede the torch import).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import argparse
 import asyncio
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -214,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
     tau = 1.0 / args.alpha
-
+    # Same OpenMP policy as the embedded server sets for itself, so that the arms differ only in
+    # their own code (before torch loads libgomp).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
     from presto_client.embedded.batching import BatchingEngine, SamplingParams
