@@ -13,35 +13,38 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
-import httpx
 import numpy as np
 
-from backends.adapter import (
-    RAW,
-    SCALED,
-    Adapter,
-    HttpCall,
-    TokenLogprobs,
-    exact_from_full_rows,
-    exact_from_normalisers,
-    scored_from_raw,
-    scored_from_scaled,
-)
+from backends.adapter import RAW, SCALED, Adapter, HttpCall
 from backends.metrics import prefix_cache_metrics
+from backends.parsing import TokenLogprobs, check_token_ids
+from backends.pool import Pool
+from backends.probe_checks import (
+    PROBE_PROMPT,
+    PROBE_SEED,
+    PROBE_TEMPERATURE,
+    PROBE_TOKENS,
+    judge_semantics,
+)
+from backends.retry import Sleep
 from backends.spec import Capabilities, EngineSpec, ProbeReport
-from backends.transport import Sleep, Transport
+from backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
-    FloatArray,
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
     ScoreSpec,
 )
-from presto_client.core.logprob_math import scores_from_topk
+from presto_client.core.scoring import (
+    exact_from_full_rows,
+    exact_from_normalisers,
+    scored_from_raw,
+    scored_from_scaled,
+)
 from presto_client.errors import (
     EngineError,
     EngineRequestError,
@@ -49,19 +52,16 @@ from presto_client.errors import (
     InvalidResponseError,
     ProbeError,
 )
+from presto_client.terminal_text import server_text
 from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
 
-# Probe settings: a short prompt, a few tokens at a low temperature.
-PROBE_PROMPT: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
-PROBE_TOKENS = 8
-PROBE_TEMPERATURE = 0.25
-PROBE_SEED = 1234
-SEMANTICS_INDISTINCT = 1e-3
-"""Below this mean difference raw and scaled logprobs cannot be told apart (confident tokens)."""
-SEMANTICS_DRIFT_WARN = 0.05
-"""Above this the matching hypothesis still leaves a large numeric drift (bf16?)."""
+_MODEL_LISTINGS = (
+    ("/v1/models", "an OpenAI-compatible server (kind: vllm, or openai)"),
+    ("/get_model_info", "an SGLang server (kind: sglang)"),
+)
+"""The model listings that tell the built-in dialects apart when the configured one fails."""
 
 
 def _label(request: ProposalRequest, index: int | None = None) -> str:
@@ -81,7 +81,7 @@ class HttpEngine:
         adapter: Adapter,
         *,
         replica: int = 0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        pool: Pool | None = None,
         sleep: Sleep | None = None,
     ) -> None:
         self.spec = spec
@@ -98,8 +98,10 @@ class HttpEngine:
             connect_timeout_s=spec.connect_timeout_s,
             max_retries=spec.max_retries,
             restart_window_s=spec.restart_window_s,
+            request_deadline_s=spec.request_deadline_s,
+            max_response_mb=spec.max_response_mb,
             api_key=spec.api_key,
-            transport=transport,
+            pool=pool,
             sleep=sleep,
             start_hint=adapter.start_hint,
         )
@@ -110,6 +112,17 @@ class HttpEngine:
         self.last_probe: ProbeReport | None = None
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
+
+    def _cap(self, tokens: int, top_k: int | None = None) -> int:
+        """The size cap of an answer carrying ``tokens`` tokens' top-K logprobs (a full
+        vocabulary's, ``top_k == -1``, counted at the known vocabulary size)."""
+        k = self.spec.top_k if top_k is None else top_k
+        if k < 0:
+            k = self.spec.vocab_size or 0
+        return response_cap(self.spec.max_response_mb, tokens, k)
+
+    def _checked(self, raw: TokenLogprobs, label: str) -> TokenLogprobs:
+        return check_token_ids(raw, self.spec.vocab_size, label=label)
 
     # ---- properties
 
@@ -144,13 +157,36 @@ class HttpEngine:
         return self._model
 
     async def _served_models(self) -> list[str]:
-        body = await self.transport.request_json(
-            "GET", self.adapter.models_path, label="model discovery"
-        )
+        try:
+            body = await self.transport.request_json(
+                "GET", self.adapter.models_path, label="model discovery"
+            )
+        except EngineRequestError as exc:
+            other = await self._other_dialect()
+            if other is None:
+                raise
+            raise EngineRequestError(
+                f"{exc}; but {self.base_url}{other[0]} answers: this looks like {other[1]}, "
+                "not the configured kind: fix `kind` in the engine config",
+                engine=self.name,
+            ) from exc
         parsed = self.adapter.parse_models(body)
         if parsed.max_model_len is not None:
             self.max_model_len = parsed.max_model_len
         return parsed.names
+
+    async def _other_dialect(self) -> tuple[str, str] | None:
+        """Which other dialect's model listing this server answers (only on a failure path:
+        one GET each), as ``(path, dialect in words)``."""
+        for path, dialect in _MODEL_LISTINGS:
+            if path == self.adapter.models_path:
+                continue
+            try:
+                if await self.transport.get_status(path) == 200:
+                    return path, dialect
+            except EngineError:
+                continue
+        return None
 
     async def identity(self) -> dict[str, Any]:
         """What the run directory records of this server, so that a resume cannot mix engines:
@@ -188,8 +224,10 @@ class HttpEngine:
 
     async def _generate_one(self, request: ProposalRequest, model: str, label: str) -> ScoredTokens:
         call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
-        generated = self.adapter.parse_generate(request, body, label=label)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
+        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
         raw = await self._score_raw(request.prefix, generated.token_ids.tolist(), model, label)
@@ -208,8 +246,13 @@ class HttpEngine:
         k = self.spec.top_k if top_k is None else top_k
         slabel = f"scoring of {label}"
         call = self.adapter.build_score(prefix, token_ids, model, k, label=slabel)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=slabel)
-        return self.adapter.parse_score(prefix, token_ids, body, k, label=slabel)
+        cap = self._cap(len(prefix) + len(token_ids), k)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=slabel, max_bytes=cap
+        )
+        return self._checked(
+            self.adapter.parse_score(prefix, token_ids, body, k, label=slabel), slabel
+        )
 
     # ---- stream
 
@@ -229,12 +272,15 @@ class HttpEngine:
         received = 0
         # Events arrive in batches (those completed by one network read), parsed and scored
         # as one chunk: when the client falls behind, its costs per chunk are shared.
-        events = self.transport.stream_event_batches(call.path, call.payload, label=label)
+        events = self.transport.stream_event_batches(
+            call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
         try:
             async for batch in events:
                 chunk = self.adapter.parse_stream_events(request, batch, label=label)
                 if chunk is None or len(chunk) == 0:
                     continue
+                self._checked(chunk, label)
                 received += len(chunk)
                 if received > request.num_tokens:
                     raise EngineError(
@@ -335,7 +381,7 @@ class HttpEngine:
         not the configured mode. Softer findings go to ``warnings`` and the log.
         """
         health = f"{self.base_url}{self.adapter.health_path}"
-        status = await self.transport.get_status(self.adapter.health_path)
+        status = await self.transport.get_status(self.adapter.health_path, refuse_redirects=True)
         if status in (404, 405, 501):  # nothing there: a wrong URL, or another kind of server
             raise EngineUnavailableError(
                 f"{health} answered HTTP {status}: a wrong URL? {self.adapter.health_path} is "
@@ -351,8 +397,9 @@ class HttpEngine:
         names = await self._served_models()
         if self.spec.model is not None and names and self.spec.model not in names:
             raise ProbeError(
-                f"{self.base_url} serves {', '.join(names)}, not {self.spec.model!r}: fix "
-                "`model` in the engine spec (or leave it out to use the served one)",
+                f"{self.base_url} serves {server_text(', '.join(names))}, not "
+                f"{self.spec.model!r}: fix `model` in the engine spec (or leave it out to use "
+                "the served one)",
                 engine=self.name,
             )
         if self._model is None and names:
@@ -388,7 +435,7 @@ class HttpEngine:
         logger.info(
             "[%s] probe ok: model %s, logprob mode %s (max |Δ| %.2g)",
             self.name,
-            model,
+            server_text(model),
             self.adapter.mode,
             report.max_abs_logprob_diff or 0.0,
         )
@@ -400,82 +447,12 @@ class HttpEngine:
         )
         label = "probe generation"
         call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json("POST", call.path, call.payload, label=label)
-        generated = self.adapter.parse_generate(request, body, label=label)
+        body = await self.transport.request_json(
+            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+        )
+        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
         raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
-        returned = generated.logprobs
-        # Differences to the sampled token of every token in both top-K lists are exact under
-        # either hypothesis, whatever the normaliser: raw, Δ returned = Δ log p0; scaled,
-        # Δ returned = Δ log p0 / τ. They separate the two even on confident positions.
-        rel_raw, rel_scaled = self._relative_diffs(generated, raw)
-        # Each hypothesis also fixes the sampled token's own value: log p0, or log q_τ inside
-        # the certified interval from the raw top-K.
-        d_raw = np.abs(returned - raw.logprobs)
-        derived = scores_from_topk(
-            raw.logprobs, raw.top_logprobs, (PROBE_TEMPERATURE,), self.spec.vocab_size
-        )
-        lo, hi = derived.logq_lo[:, 0], derived.logq_hi[:, 0]
-        d_scaled = np.maximum(np.maximum(lo - returned, returned - hi), 0.0)
-        mean_raw = float(np.mean(np.concatenate([d_raw, rel_raw])))
-        mean_scaled = float(np.mean(np.concatenate([d_scaled, rel_scaled])))
-        report.details["probe_mean_diff_raw"] = mean_raw
-        report.details["probe_mean_diff_scaled"] = mean_scaled
-        report.details["probe_topk_pairs"] = float(rel_raw.size)
-        if abs(mean_raw - mean_scaled) < SEMANTICS_INDISTINCT:
-            report.warnings.append(
-                "logprob semantics inconclusive: the probe tokens were near-deterministic"
-            )
-            return
-        detected = RAW if mean_raw < mean_scaled else SCALED
-        report.details["probe_detected_scaled"] = float(detected == SCALED)
-        expected = self.adapter.semantics
-        worst = (
-            np.concatenate([d_raw, rel_raw])
-            if expected == RAW
-            else np.concatenate([d_scaled, rel_scaled])
-        )
-        report.max_abs_logprob_diff = float(np.max(worst))
-        if detected != expected:
-            report.problems.append(
-                f"logprob semantics mismatch (configured mode {self.adapter.mode!r}): "
-                f"{self.adapter.hint_for_semantics(detected)}"
-            )
-        elif report.max_abs_logprob_diff > SEMANTICS_DRIFT_WARN:
-            report.warnings.append(
-                f"returned logprobs differ from the scoring call by up to "
-                f"{report.max_abs_logprob_diff:.3g} nats: run the server in float32"
-            )
-
-    @staticmethod
-    def _relative_diffs(
-        generated: TokenLogprobs, raw: TokenLogprobs
-    ) -> tuple[FloatArray, FloatArray]:
-        """|Δgen − Δraw| and |Δgen − Δraw/τ| over the tokens in both top-K lists of a position,
-        Δ taken against the sampled token."""
-        rel_raw: list[float] = []
-        rel_scaled: list[float] = []
-        for i in range(len(generated)):
-            gen_row = {
-                int(t): float(v)
-                for t, v in zip(generated.top_ids[i], generated.top_logprobs[i], strict=True)
-                if t >= 0 and np.isfinite(v)
-            }
-            raw_row = {
-                int(t): float(v)
-                for t, v in zip(raw.top_ids[i], raw.top_logprobs[i], strict=True)
-                if t >= 0 and np.isfinite(v)
-            }
-            s_gen, s_raw = float(generated.logprobs[i]), float(raw.logprobs[i])
-            if not (np.isfinite(s_gen) and np.isfinite(s_raw)):
-                continue
-            for token in gen_row.keys() & raw_row.keys():
-                if token == int(generated.token_ids[i]):
-                    continue
-                d_gen = gen_row[token] - s_gen
-                d_raw = raw_row[token] - s_raw
-                rel_raw.append(abs(d_gen - d_raw))
-                rel_scaled.append(abs(d_gen - d_raw / PROBE_TEMPERATURE))
-        return np.asarray(rel_raw, dtype=np.float64), np.asarray(rel_scaled, dtype=np.float64)
+        judge_semantics(generated, raw, self.adapter, self.spec.vocab_size, report)
 
     async def _probe_seeds(self, model: str, report: ProbeReport) -> None:
         request = ProposalRequest(
@@ -520,6 +497,15 @@ class HttpEngine:
         calls = self.adapter.build_tokenize(
             text, await self.model(), chat_template=chat_template, system_prompt=system_prompt
         )
+        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        try:
+            return self.adapter.parse_tokenize(body)
+        except InvalidResponseError as exc:
+            raise InvalidResponseError(str(exc), engine=self.name) from None
+
+    async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
+        """Token ids of a conversation through the served model's chat template."""
+        calls = self.adapter.build_tokenize_messages(messages, await self.model())
         body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
         try:
             return self.adapter.parse_tokenize(body)

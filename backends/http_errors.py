@@ -13,9 +13,9 @@ import html
 import re
 from typing import Any
 
-import httpx
-
-from backends.adapter import error_message
+from backends.parsing import error_message
+from backends.pool import ConnectError, ConnectTimeout, ReadTimeout
+from presto_client.terminal_text import server_text
 
 NOT_OPENAI = "this is not an OpenAI-compatible server (it answered with an HTML page)"
 FINAL_5XX = frozenset({501, 505})
@@ -28,9 +28,9 @@ _SPACE = re.compile(r"\s+")
 
 
 def shorten(text: str, limit: int) -> str:
-    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut)."""
-    one_line = _SPACE.sub(" ", text).strip()
-    return one_line if len(one_line) <= limit else one_line[: limit - 1].rstrip() + "…"
+    """``text`` on one line, escaped for the terminal, at most ``limit`` characters (an
+    ellipsis marks a cut)."""
+    return server_text(_SPACE.sub(" ", text).strip(), limit)
 
 
 def looks_like_html(text: str, content_type: str = "") -> bool:
@@ -60,23 +60,21 @@ def describe_transport_error(
     request_timeout_s: float | None = None,
     connect_timeout_s: float | None = None,
 ) -> str:
-    """What a transport failure was, in words (httpx's own text is often empty for timeouts)."""
+    """What a transport failure was, in words (a timeout's own text is often empty)."""
     detail = str(exc).strip()
-    if isinstance(exc, httpx.ReadTimeout):
+    if isinstance(exc, ReadTimeout):
         after = f" after {request_timeout_s:g} s" if request_timeout_s else ""
         return (
             f"read timeout: no answer{after} (request_timeout_s); a long generation on a busy "
             "server needs more: raise engines[].request_timeout_s"
         )
-    if isinstance(exc, httpx.ConnectTimeout):
+    if isinstance(exc, ConnectTimeout):
         after = f" within {connect_timeout_s:g} s" if connect_timeout_s else ""
         return f"connect timeout: no connection{after} (connect_timeout_s)"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"timeout ({type(exc).__name__})" + (f": {detail}" if detail else "")
-    if isinstance(exc, httpx.ConnectError) and "refused" in detail.lower():
+    if isinstance(exc, ConnectError) and "refused" in detail.lower():
         return "connection refused"
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
 def is_refused(exc: BaseException) -> bool:
-    return isinstance(exc, httpx.ConnectError)
+    return isinstance(exc, ConnectError)

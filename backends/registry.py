@@ -26,10 +26,9 @@ from backends.spec import EngineSpec
 from presto_client.errors import ConfigError
 
 if TYPE_CHECKING:
-    import httpx
-
     from backends.http_engine import HttpEngine
-    from backends.transport import Sleep
+    from backends.pool import Pool
+    from backends.retry import Sleep
 
 # Built-in dialects are imported on first use: "module:attribute".
 _BUILTIN: dict[str, str] = {
@@ -92,12 +91,12 @@ def create_engine(
     spec: EngineSpec,
     replica: int = 0,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
+    pool: Pool | None = None,
     sleep: Sleep | None = None,
 ) -> HttpEngine:
     """The engine serving replica ``replica`` of ``spec`` (an unknown kind raises ConfigError).
 
-    ``transport`` replaces httpx's network transport (tests: ``httpx.MockTransport``);
+    ``pool`` replaces the connection pool (tests: an in-memory double);
     ``sleep`` replaces the sleep between retries.
     """
     cls = adapter_class(spec.kind)
@@ -110,4 +109,4 @@ def create_engine(
             f"replica {replica} out of range: engine {spec.display_name()} has "
             f"{len(spec.base_urls)} base_urls"
         )
-    return HttpEngine(spec, cls(spec), replica=replica, transport=transport, sleep=sleep)
+    return HttpEngine(spec, cls(spec), replica=replica, pool=pool, sleep=sleep)

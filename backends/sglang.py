@@ -20,12 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.adapter import (
-    RAW,
-    SCALED,
-    Adapter,
-    HttpCall,
-    ParsedModels,
+from backends.adapter import RAW, SCALED, Adapter, HttpCall, ParsedModels
+from backends.parsing import (
     TokenLogprobs,
     check_ids,
     check_length,
@@ -39,6 +35,7 @@ from backends.adapter import (
 )
 from presto_client.core.engine_protocol import FloatArray, IntArray, ProposalRequest
 from presto_client.errors import InvalidResponseError
+from presto_client.terminal_text import server_text
 
 NEUTRAL_SAMPLING: dict[str, Any] = {
     "top_p": 1.0,
@@ -70,7 +67,9 @@ def _meta(body: Any, label: str) -> dict[str, Any]:
         raise InvalidResponseError(f"{label}: the response has no meta_info")
     finish = meta.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
-        raise InvalidResponseError(f"{label}: the engine aborted it: {finish.get('message')}")
+        raise InvalidResponseError(
+            f"{label}: the engine aborted it: {server_text(finish.get('message'))}"
+        )
     return meta
 
 

@@ -15,10 +15,6 @@ from presto_client.urls import host_port, split_userinfo
 DEFAULT_RESTART_WINDOW_S = defaults.RESTART_WINDOW_S
 """See :data:`presto_client.defaults.RESTART_WINDOW_S`."""
 
-VLLM_LOGPROB_MODES: tuple[str, ...] = ("raw", "processed")
-SGLANG_LOGPROB_MODES: tuple[str, ...] = ("scaled", "raw")
-OPENAI_LOGPROB_MODES: tuple[str, ...] = ("raw",)
-
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
@@ -39,6 +35,10 @@ class EngineSpec:
     """In-flight HTTP requests per replica."""
     request_timeout_s: float = defaults.REQUEST_TIMEOUT_S
     connect_timeout_s: float = defaults.CONNECT_TIMEOUT_S
+    request_deadline_s: float = defaults.REQUEST_DEADLINE_S
+    """The most one request may take, first byte sent to last byte read (not retried)."""
+    max_response_mb: float = defaults.MAX_RESPONSE_MB
+    """The least size cap of one answer (a request's grows with its tokens x top-K)."""
     max_retries: int = defaults.MAX_RETRIES
     """Retries of timeouts, 408, 429 and 500 (a restart's symptoms: ``restart_window_s``)."""
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S

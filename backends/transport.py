@@ -1,61 +1,59 @@
-"""The one HTTP transport of a replica: client, timeouts, concurrency bound, retries, streaming.
+"""The one HTTP transport of a replica: what is sent, how answers are checked, retried and
+turned into the errors the orchestration catches.
 
-* One :class:`httpx.AsyncClient` per replica, with explicit :class:`httpx.Timeout` and
-  :class:`httpx.Limits` sized to ``max_concurrency``; a semaphore bounds in-flight requests.
-* The code speaks httpx, but by default the requests travel over aiohttp's connection pool
-  (``httpx-aiohttp``'s transport, one ``aiohttp`` session per replica, keep-alive on, at most
-  ``max_concurrency`` connections): httpx's own pool (httpcore) spends CPU per request that
-  grows with the number of connections, which made the client, not the engine, the bottleneck
-  with hundreds of concurrent chains (issue 8, ``docs/benchmarks.md``). JSON goes both ways
-  through orjson; server-sent events are split and decoded from the raw bytes as they arrive.
-* Retries (tenacity, jittered exponential backoff, ``Retry-After`` honoured) for connection
-  errors, timeouts, 408, 429 and 5xx only (not 501/505, which retrying cannot change). What a
-  restarting server answers (refused/reset connections, 502/503/504) is retried for
-  ``restart_window_s`` of backoff (60 s: a restart takes 30-60 s), the rest ``max_retries``
-  times. A 4xx
-  surfaces at once as :class:`~presto_client.errors.EngineRequestError` with the server's own
-  message, cut short (an HTML page is named as not an OpenAI-compatible server).
-* Cancellation is never swallowed: cancelling a caller aborts its HTTP request (httpx closes
-  the connection), and closing a stream iterator closes the HTTP stream.
-* The httpx transport is injectable (``httpx.MockTransport`` in unit tests), and so is the
-  sleep used between retries (tests count retries with sleeps patched out). Over the default
-  pool the completion POSTs (``request_json`` with a payload, ``stream_event_batches``) skip
-  httpx's request/response objects and go to the pool's aiohttp session directly, with the
-  same headers, timeouts and error mapping: those objects were ~17 % of the client's CPU per
-  request with 1,000 chains (issue 8). Any other transport (tests', ``httpx_pool``) is used
-  through httpx as before.
+* Requests go to a :class:`~backends.pool.Pool` (aiohttp's by default, an in-memory double in
+  tests): every request, plain or streamed, completion or probe, takes the same path, so the
+  status handling, retries, error mapping and timeouts below are the ones that run.
+* The pool's connection limit (``max_concurrency``) is the replica's one bound on requests in
+  flight; the orchestrator's semaphores bound a job.
+* Retries (:mod:`backends.retry`): connection errors, timeouts, 408, 429 and 5xx, a restarting
+  server's symptoms for ``restart_window_s``, ``Retry-After`` honoured. A 4xx surfaces at once
+  as :class:`~presto_client.errors.EngineRequestError` with the server's own message, cut short
+  (an HTML page is named as not an OpenAI-compatible server).
+* Redirects are never followed; a URL's ``user:password@`` is sent as HTTP Basic auth and never
+  shown (messages carry the redacted URL).
+* Every request has a total deadline (``request_deadline_s``: the request timeout is the
+  longest silence, which keepalive comments or a trickle of bytes never reach) and a size cap
+  (``max_response_mb``, raised per request by what it asks for: tokens x top-K), an SSE line
+  a sixteenth of it. Neither is retried: the server answered, and asking again costs the same
+  again (a deadline retried would hold a chain ``max_retries + 1`` times as long).
+* Cancellation is never swallowed: cancelling a caller aborts its HTTP request, and closing a
+  stream iterator closes the HTTP stream (which aborts the request on the server).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import email.utils
 import json
 import logging
-import math
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
-import httpx
 import orjson
-from httpx_aiohttp import AiohttpTransport
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    wait_random_exponential,
-)
+from tenacity import RetryCallState
 
-from backends.http_errors import (
-    FINAL_5XX,
-    body_message,
-    describe_transport_error,
-    is_refused,
+from backends.aiohttp_pool import AiohttpPool
+from backends.http_errors import FINAL_5XX, body_message, describe_transport_error, is_refused
+from backends.pool import (
+    Pool,
+    ReadTimeout,
+    ResponseTooLarge,
+    StreamReply,
+    TransportError,
+    declared_length,
+)
+from backends.retry import (
+    RETRY_STATUSES,
+    RetryableHTTPError,
+    Sleep,
+    is_restart_symptom,
+    parse_retry_after,
+    retrying,
 )
 from backends.spec import DEFAULT_RESTART_WINDOW_S
+from backends.wire import SSEDecoder, decode_events, decode_json
+from presto_client import defaults
 from presto_client.errors import (
     ConfigError,
     EngineError,
@@ -67,275 +65,23 @@ from presto_client.urls import redact_url, split_userinfo
 
 logger = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({408, 429})
-MAX_RETRY_AFTER_S = 60.0
-Sleep = Callable[[float], Awaitable[None]]
+
+BYTES_PER_LOGPROB = 1024
+"""A generous size of one returned logprob entry on the wire (token text, bytes, id, value)."""
+SSE_LINE_SHARE = 16
+"""An SSE line may take this fraction of the response cap (one event carries a few tokens)."""
+_MIB = 1 << 20
 
 
-class RetryableHTTPError(Exception):
-    """An answer worth retrying (408, 429, 5xx); becomes an EngineError when retries run out."""
-
-    def __init__(self, status: int, message: str, retry_after: float | None) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if math.isnan(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-
-
-RESTART_STATUSES = frozenset({502, 503, 504})
-
-
-def _is_restart_symptom(exc: BaseException | None) -> bool:
-    """What a restarting server answers: refused/reset connections, a gateway error, 503."""
-    if isinstance(exc, RetryableHTTPError):
-        return exc.status in RESTART_STATUSES
-    return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
-
-
-def _is_retryable(exc: BaseException) -> bool:
-    if isinstance(exc, RetryableHTTPError):
-        return True
-    return isinstance(exc, httpx.TransportError) and not isinstance(
-        exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError
-    )
-
-
-class _Wait:
-    """Jittered exponential backoff, or the server's ``Retry-After`` when it gave one."""
-
-    def __init__(self, initial: float = 0.5, maximum: float = 8.0) -> None:
-        self._backoff = wait_random_exponential(multiplier=initial, max=maximum)
-
-    def __call__(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, RetryableHTTPError) and exc.retry_after is not None:
-            return exc.retry_after
-        return float(self._backoff(state))
-
-
-def loads(data: bytes | memoryview) -> Any:
-    """orjson, falling back to the standard library for what only it reads (``NaN``,
-    ``Infinity``: Python servers write them, and a NaN logprob must reach the parser, which
-    names it). Raises :class:`ValueError` on anything that is not JSON."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(bytes(data))
-
-
-def _decode_json(response: httpx.Response, label: str) -> Any:
-    try:
-        return loads(response.content)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-        snippet = response.text[:200]
-        raise InvalidResponseError(f"{label}: the response is not JSON: {snippet!r}") from exc
-
-
-JSON_HEADERS = {"Content-Type": "application/json"}
+def response_cap(max_response_mb: float, tokens: int = 0, top_k: int = 0) -> int:
+    """The size cap of one answer: ``max_response_mb``, or more for a request that asks for
+    ``tokens`` tokens with ``top_k`` alternatives each (and the token itself)."""
+    return max(int(max_response_mb * _MIB), tokens * (max(top_k, 0) + 1) * BYTES_PER_LOGPROB)
 
 
 def _basic_auth_header(username: str, password: str) -> str:
-    """What :class:`httpx.BasicAuth` sends (UTF-8 ``user:password``, base64)."""
     token = base64.b64encode(f"{username}:{password}".encode()).decode()
     return f"Basic {token}"
-
-
-class _AiohttpStream(httpx.AsyncByteStream):
-    """A response body as aiohttp receives it: every chunk as it arrived, no re-chunking (the
-    stock stream's fixed-size chunks cost a copy and a split per chunk)."""
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _httpx_error(exc) from exc
-
-    async def aclose(self) -> None:
-        # An unfinished body closes the connection (which aborts the request on the server);
-        # a finished one goes back to the pool.
-        self._response.release()
-        await self._response.wait_for_close()
-
-
-def _httpx_error(exc: BaseException) -> httpx.TransportError:
-    """The httpx exception an aiohttp failure stands for (what httpx's own pool would raise:
-    retries, restart detection and messages are written against those)."""
-    message = str(exc) or type(exc).__name__
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return httpx.RemoteProtocolError(message)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(message)
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return httpx.ConnectTimeout(message)
-    if isinstance(exc, aiohttp.SocketTimeoutError | TimeoutError):
-        return httpx.ReadTimeout(message)
-    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientOSError):
-        return httpx.ReadError(message)
-    if isinstance(exc, aiohttp.InvalidURL):
-        return httpx.UnsupportedProtocol(message)
-    return httpx.NetworkError(message)
-
-
-class _PoolTransport(AiohttpTransport):
-    """httpx-aiohttp's transport with exact error mapping and pass-through body chunks."""
-
-    def session(self) -> aiohttp.ClientSession:
-        """The pool's one aiohttp session (created on first use, inside the event loop)."""
-        if not isinstance(self.client, aiohttp.ClientSession):
-            self.client = self.get_client()
-        return self.client
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            response = await super().handle_async_request(request)
-        except httpx.TransportError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, aiohttp.ClientError | TimeoutError):
-                raise _httpx_error(cause) from cause
-            raise
-        except (aiohttp.ClientError, TimeoutError) as exc:  # what httpx-aiohttp leaves unmapped
-            raise _httpx_error(exc) from exc
-        stream = response.stream
-        inner = getattr(stream, "_aiohttp_response", None)
-        if isinstance(inner, aiohttp.ClientResponse):
-            response.stream = _AiohttpStream(inner)
-        return response
-
-
-def aiohttp_pool(
-    max_connections: int, *, keepalive_s: float = 30.0, connect_timeout_s: float | None = None
-) -> httpx.AsyncBaseTransport:
-    """httpx's interface over aiohttp's connection pool: at most ``max_connections`` sockets to
-    the replica, kept alive ``keepalive_s`` between requests (no cookies: an engine sets none)."""
-
-    def session() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(
-            limit=max_connections, limit_per_host=0, keepalive_timeout=keepalive_s
-        )
-        return aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
-        )
-
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=max_connections,
-        keepalive_expiry=keepalive_s,
-    )
-    return _PoolTransport(limits=limits, client=session)
-
-
-def httpx_pool(max_connections: int, *, keepalive_s: float = 30.0) -> httpx.AsyncBaseTransport:
-    """httpx's own pool (httpcore), as before issue 8: kept for comparisons (benchmarks)."""
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=max_connections,
-        keepalive_expiry=keepalive_s,
-    )
-    return httpx.AsyncHTTPTransport(limits=limits)
-
-
-class SSEDecoder:
-    """Incremental server-sent-events decoder over raw bytes.
-
-    :meth:`feed` takes the bytes as they arrive and returns the ``data:`` payloads of the lines
-    completed so far (``b"[DONE]"`` included) as views into one growing buffer: no per-line
-    copies and no text decoding (orjson reads the views). Call :meth:`compact` once those views
-    have been decoded, before the next :meth:`feed`.
-    """
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._consumed = 0
-
-    def feed(self, chunk: bytes) -> list[memoryview]:
-        self.compact()
-        buf = self._buf
-        buf += chunk
-        out: list[memoryview] = []
-        start = 0
-        find = buf.find
-        view = memoryview(buf)
-        while True:
-            end = find(b"\n", start)
-            if end < 0:
-                break
-            if buf.startswith(b"data:", start):
-                stop = end - 1 if end > start and buf[end - 1] == 13 else end  # "\r\n"
-                first = start + 5
-                while first < stop and buf[first] == 32:  # the space(s) after "data:"
-                    first += 1
-                out.append(view[first:stop])
-            start = end + 1
-        view.release()
-        self._consumed = start
-        return out
-
-    def compact(self) -> None:
-        """Drop the lines already returned (their views must no longer be in use)."""
-        start, self._consumed = self._consumed, 0
-        if start:
-            try:
-                del self._buf[:start]
-            except BufferError:  # a view is still alive somewhere: copy the rest instead
-                self._buf = self._buf[start:]
-
-
-class _ResponseBytes(httpx.AsyncByteStream):
-    """An httpx streaming response's decoded body, closed with the response."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._response.aiter_bytes():
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
-def _decode_events(decoder: SSEDecoder, chunk: bytes, label: str) -> tuple[list[Any], bool]:
-    """The JSON events completed by ``chunk``, and whether ``[DONE]`` came (the decoder's
-    views die with this frame, before its next :meth:`SSEDecoder.feed` compacts the buffer;
-    a chunk that completes no line is fine)."""
-    batch: list[Any] = []
-    for data in decoder.feed(chunk):
-        if data[:1] == b"[" and bytes(data).strip() == b"[DONE]":
-            return batch, True
-        try:
-            batch.append(loads(data))
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-            text = bytes(data).decode("utf-8", "replace").strip()
-            raise InvalidResponseError(
-                f"{label}: a stream event is not JSON: {text[:200]!r}"
-            ) from exc
-    return batch, False
 
 
 class Transport:
@@ -346,13 +92,15 @@ class Transport:
         base_url: str,
         *,
         engine_name: str,
-        max_concurrency: int = 32,
-        request_timeout_s: float = 300.0,
-        connect_timeout_s: float = 10.0,
-        max_retries: int = 3,
+        max_concurrency: int = defaults.ENGINE_MAX_CONCURRENCY,
+        request_timeout_s: float = defaults.REQUEST_TIMEOUT_S,
+        connect_timeout_s: float = defaults.CONNECT_TIMEOUT_S,
+        max_retries: int = defaults.MAX_RETRIES,
         restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+        request_deadline_s: float = defaults.REQUEST_DEADLINE_S,
+        max_response_mb: float = defaults.MAX_RESPONSE_MB,
         api_key: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        pool: Pool | None = None,
         sleep: Sleep | None = None,
         start_hint: str = "",
     ) -> None:
@@ -369,43 +117,29 @@ class Transport:
         self.max_retries = max(0, int(max_retries))
         self.restart_window_s = max(0.0, float(restart_window_s))
         self.start_hint = start_hint
+        self.request_deadline_s = float(request_deadline_s)
+        self.max_response_mb = float(max_response_mb)
         self._timeouts = {
             "request_timeout_s": request_timeout_s,
             "connect_timeout_s": connect_timeout_s,
         }
+        self._url = url
         headers = {"Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        auth = httpx.BasicAuth(*userinfo) if userinfo is not None else None
-        pool = (
-            transport
-            if transport is not None
-            else aiohttp_pool(max_concurrency, connect_timeout_s=connect_timeout_s)
-        )
-        self._client = httpx.AsyncClient(
-            base_url=url,
-            auth=auth,
-            headers=headers,
-            timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=max_concurrency, max_keepalive_connections=max_concurrency
-            ),
-            transport=pool,
-        )
-        # The direct path (completion POSTs over the default pool's aiohttp session): what
-        # httpx would send and the timeouts httpx-aiohttp would give aiohttp, built once.
-        self._direct: _PoolTransport | None = pool if isinstance(pool, _PoolTransport) else None
-        self._direct_url = url
-        self._direct_headers = {**headers, **JSON_HEADERS}
         if userinfo is not None:
-            self._direct_headers["Authorization"] = _basic_auth_header(*userinfo)
-        self._direct_timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=connect_timeout_s,
-            sock_read=request_timeout_s,
-            connect=request_timeout_s,  # httpx's pool timeout
+            headers["Authorization"] = _basic_auth_header(*userinfo)
+        self._headers = headers
+        self._json_headers = {**headers, "Content-Type": "application/json"}
+        self._pool: Pool = (
+            pool
+            if pool is not None
+            else AiohttpPool(
+                max_concurrency,
+                request_timeout_s=request_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+            )
         )
-        self._semaphore = asyncio.Semaphore(max_concurrency)
         self._sleep: Sleep = sleep if sleep is not None else asyncio.sleep
         self.requests_sent = 0
         self.retries = 0
@@ -414,7 +148,7 @@ class Transport:
 
     def _unavailable(self, exc: BaseException, attempts: int) -> EngineUnavailableError:
         hint = f"; if no server runs there, {self.start_hint}" if self.start_hint else ""
-        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | httpx.PoolTimeout):
+        if isinstance(exc, ReadTimeout):
             hint = ""  # the server took the connection: there is nothing to start
         elif is_refused(exc):  # most often a typo in the URL or port, not a server to start
             hint = f"; check the host and port of base_url ({self.base_url}){hint}"
@@ -434,77 +168,84 @@ class Transport:
                 engine=self.engine_name,
                 retryable=True,
             )
-        if isinstance(exc, httpx.TransportError):
+        if isinstance(exc, TransportError):
             return self._unavailable(exc, attempts)
         return exc
 
-    def _check_status(self, response: httpx.Response, body_text: str, label: str) -> None:
-        if response.status_code >= 400:
-            self._raise_for_status(
-                response.status_code, response.headers, response.reason_phrase, body_text, label
-            )
-
     def _raise_for_status(
-        self, status: int, headers: Mapping[str, str], reason: str, body_text: str, label: str
+        self, status: int, headers: Mapping[str, str], reason: str, body: bytes, label: str
     ) -> None:
+        """An answer of status >= 400 as the exception it stands for (always raises)."""
+        text = body.decode("utf-8", "replace")
         try:
-            body: Any = json.loads(body_text) if body_text else None
+            parsed: Any = json.loads(text) if text else None
         except json.JSONDecodeError:
-            body = None
-        message = body_message(body, body_text, headers.get("Content-Type", ""), reason)
+            parsed = None
+        message = body_message(parsed, text, headers.get("Content-Type", ""), reason)
         if status in RETRY_STATUSES or (status >= 500 and status not in FINAL_5XX):
             raise RetryableHTTPError(status, message, parse_retry_after(headers.get("Retry-After")))
         raise EngineRequestError(
             f"{label}: HTTP {status} from {self.base_url}: {message}", engine=self.engine_name
         )
 
+    def _refuse_redirect(self, status: int, headers: Mapping[str, str], label: str) -> None:
+        """A 3xx answer as the error it is: redirects are never followed (they could take the
+        credentials to another host), so the URL is to be fixed instead (always raises)."""
+        where = headers.get("Location")
+        target = repr(redact_url(where[:200])) if where else "nowhere (no Location header)"
+        raise EngineRequestError(
+            f"{label}: HTTP {status} from {self.base_url}: a redirect to {target}, not followed "
+            "(redirects never are); point base_url at the server itself",
+            engine=self.engine_name,
+        )
+
+    def _too_large(self, exc: ResponseTooLarge, label: str, what: str) -> EngineError:
+        return InvalidResponseError(
+            f"{label}: {what} from {self.base_url} is larger than its cap of {exc.limit} bytes "
+            f"({exc.seen} bytes seen, refused there); if the server is right, raise "
+            f"max_response_mb (now {self.max_response_mb:g}) in the engine config",
+            engine=self.engine_name,
+        )
+
+    def _past_deadline(self, label: str) -> EngineError:
+        return EngineUnavailableError(
+            f"{label}: {self.base_url} did not finish answering within "
+            f"request_deadline_s={self.request_deadline_s:g} s (it kept the connection alive "
+            "without completing: keepalives or a trickle of bytes); not retried; raise "
+            "request_deadline_s in the engine config if its answers are that slow",
+            engine=self.engine_name,
+        )
+
     # ---- retries
 
-    def _retrying(self) -> AsyncRetrying:
-        def before_sleep(state: RetryCallState) -> None:
-            self.retries += 1
-            exc = state.outcome.exception() if state.outcome is not None else None
-            reason = (
-                describe_transport_error(exc, **self._timeouts)
-                if isinstance(exc, httpx.TransportError)
-                else str(exc)
-            )
-            budget = (
-                f"for up to {self.restart_window_s:g} s (restart_window_s)"
-                if _is_restart_symptom(exc)
-                else f"of {self.max_retries + 1}"
-            )
-            logger.warning(
-                "[%s] retrying %s (attempt %d %s) after %s",
-                self.engine_name,
-                self.base_url,
-                state.attempt_number + 1,
-                budget,
-                reason,
-            )
-
-        def stop(state: RetryCallState) -> bool:
-            exc = state.outcome.exception() if state.outcome is not None else None
-            if _is_restart_symptom(exc):  # a server restarting: ride it out for a while
-                return state.idle_for >= self.restart_window_s
-            return bool(state.attempt_number >= self.max_retries + 1)
-
-        return AsyncRetrying(
-            stop=stop,
-            wait=_Wait(),
-            retry=retry_if_exception(_is_retryable),
-            sleep=self._sleep,
-            before_sleep=before_sleep,
-            reraise=True,
+    def _before_sleep(self, state: RetryCallState) -> None:
+        self.retries += 1
+        exc = state.outcome.exception() if state.outcome is not None else None
+        reason = (
+            describe_transport_error(exc, **self._timeouts)
+            if isinstance(exc, TransportError)
+            else str(exc)
+        )
+        budget = (
+            f"for up to {self.restart_window_s:g} s (restart_window_s)"
+            if is_restart_symptom(exc)
+            else f"of {self.max_retries + 1}"
+        )
+        logger.warning(
+            "[%s] retrying %s (attempt %d %s) after %s",
+            self.engine_name,
+            self.base_url,
+            state.attempt_number + 1,
+            budget,
+            reason,
         )
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[Any]], label: str) -> Any:
         # The first attempt runs outside tenacity: it almost always succeeds, and building and
-        # driving an AsyncRetrying costs ~20 µs per request (issue 8). A failure is replayed as
-        # tenacity's first attempt (raised again, nothing re-sent), so what follows (which
-        # errors are retried, attempt counts and messages, backoff, the restart window, which
-        # counts sleeps only) is what it was. BaseException (cancellation) propagates, as
-        # tenacity re-raised it.
+        # driving an AsyncRetrying costs ~20 µs per request. A failure is replayed as
+        # tenacity's first attempt (raised again, nothing re-sent), so which errors are
+        # retried, attempt counts, messages, backoff and the restart window (which counts
+        # sleeps only) are tenacity's. BaseException (cancellation) propagates.
         try:
             return await attempt()
         except Exception as exc:
@@ -519,187 +260,177 @@ class Transport:
 
         attempts = 0
         try:
-            async for try_ in self._retrying():
+            async for try_ in retrying(
+                max_retries=self.max_retries,
+                restart_window_s=self.restart_window_s,
+                sleep=self._sleep,
+                before_sleep=self._before_sleep,
+            ):
                 with try_:
                     attempts += 1
                     return await again()
         except asyncio.CancelledError:
             raise
-        except (RetryableHTTPError, httpx.TransportError) as exc:
+        except (RetryableHTTPError, TransportError) as exc:
             raise self._final_error(exc, attempts, label) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ---- requests
 
-    async def request_json(
-        self, method: str, path: str, payload: dict[str, Any] | None = None, *, label: str
-    ) -> Any:
-        """Send one request (with retries) and decode its JSON answer."""
-
-        content = None if payload is None else orjson.dumps(payload)
-        headers = None if payload is None else JSON_HEADERS
-        if content is not None and self._direct is not None:
-            return await self._with_retries(
-                lambda: self._post_direct(method, path, content, label), label
-            )
-
-        async def attempt() -> Any:
-            async with self._semaphore:
-                self.requests_sent += 1
-                response = await self._client.request(
-                    method, path, content=content, headers=headers
-                )
-            if response.status_code >= 400:
-                self._check_status(response, response.text, label)
-            return _decode_json(response, label)
-
-        return await self._with_retries(attempt, label)
-
-    async def _post_direct(self, method: str, path: str, content: bytes, label: str) -> Any:
-        """One attempt of :meth:`request_json` on the pool's aiohttp session (see the module
-        docstring): the same bound, status checks, decoding and httpx exceptions."""
-        assert self._direct is not None
-        session = self._direct.session()
-        async with self._semaphore:
-            self.requests_sent += 1
-            try:
-                async with session.request(
-                    method,
-                    self._direct_url + path,
-                    data=content,
-                    headers=self._direct_headers,
-                    timeout=self._direct_timeout,
-                    allow_redirects=False,
-                ) as response:
-                    status = response.status
-                    data = await response.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise _httpx_error(exc) from exc
-        if status >= 400:
-            text = data.decode("utf-8", "replace")
-            self._raise_for_status(status, response.headers, response.reason or "", text, label)
+    async def _fetch(
+        self, method: str, path: str, body: bytes | None, label: str, max_bytes: int | None
+    ) -> bytes:
+        """One attempt: the answer's body, its status checked."""
+        self.requests_sent += 1
+        headers = self._headers if body is None else self._json_headers
+        cap = response_cap(self.max_response_mb) if max_bytes is None else max_bytes
         try:
-            return loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-            snippet = data.decode("utf-8", "replace")[:200]
-            raise InvalidResponseError(f"{label}: the response is not JSON: {snippet!r}") from exc
+            async with asyncio.timeout(self.request_deadline_s):
+                reply = await self._pool.fetch(
+                    method, self._url + path, body, headers, max_bytes=cap
+                )
+        except ResponseTooLarge as exc:
+            raise self._too_large(exc, label, "the response") from exc
+        except TimeoutError as exc:  # the pool's own timeouts arrive as ReadTimeout
+            raise self._past_deadline(label) from exc
+        if reply.status >= 400:
+            self._raise_for_status(reply.status, reply.headers, reply.reason, reply.body, label)
+        if reply.status >= 300:
+            self._refuse_redirect(reply.status, reply.headers, label)
+        return reply.body
+
+    async def request_json(
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        label: str,
+        max_bytes: int | None = None,
+    ) -> Any:
+        """Send one request (with retries) and decode its JSON answer (``max_bytes``: its
+        size cap, default ``max_response_mb``; see :func:`response_cap`)."""
+        content = None if payload is None else orjson.dumps(payload)
+        data: bytes = await self._with_retries(
+            lambda: self._fetch(method, path, content, label, max_bytes), label
+        )
+        return decode_json(data, label)
 
     async def get_text(self, path: str, *, label: str) -> str:
-        async def attempt() -> str:
-            async with self._semaphore:
-                self.requests_sent += 1
-                response = await self._client.get(path)
-            self._check_status(response, response.text, label)
-            return response.text
+        data: bytes = await self._with_retries(
+            lambda: self._fetch("GET", path, None, label, None), label
+        )
+        return data.decode("utf-8", "replace")
 
-        text: str = await self._with_retries(attempt, label)
-        return text
-
-    async def get_status(self, path: str) -> int:
-        """The HTTP status of ``GET path`` with one attempt (connection errors propagate)."""
+    async def get_status(self, path: str, *, refuse_redirects: bool = False) -> int:
+        """The HTTP status of ``GET path`` with one attempt (connection errors propagate; a
+        redirect raises with ``refuse_redirects``)."""
+        cap = response_cap(self.max_response_mb)
         try:
-            async with self._semaphore:
-                response = await self._client.get(path)
-        except httpx.TransportError as exc:
+            async with asyncio.timeout(self.request_deadline_s):
+                reply = await self._pool.fetch(
+                    "GET", self._url + path, None, self._headers, max_bytes=cap
+                )
+        except TransportError as exc:
             raise self._unavailable(exc, 1) from exc
-        return response.status_code
+        except ResponseTooLarge as exc:
+            raise self._too_large(exc, f"GET {path}", "the response") from exc
+        except TimeoutError as exc:
+            raise self._past_deadline(f"GET {path}") from exc
+        if refuse_redirects and 300 <= reply.status < 400:
+            self._refuse_redirect(reply.status, reply.headers, f"GET {path}")
+        return reply.status
 
-    async def stream_events(
-        self, path: str, payload: dict[str, Any], *, label: str
-    ) -> AsyncGenerator[Any, None]:
-        """Server-sent events of a streaming POST, decoded from JSON, until ``[DONE]``.
+    async def _open(self, path: str, content: bytes, label: str, deadline: float) -> StreamReply:
+        """One attempt of a streaming POST: its headers received and checked."""
+        self.requests_sent += 1
+        try:
+            async with asyncio.timeout_at(deadline):
+                reply = await self._pool.open("POST", self._url + path, content, self._json_headers)
+                if reply.status >= 400:
+                    try:
+                        body = await self._read_error_body(reply, label)
+                    finally:
+                        await reply.aclose()
+                    self._raise_for_status(reply.status, reply.headers, reply.reason, body, label)
+                if reply.status >= 300:
+                    await reply.aclose()
+                    self._refuse_redirect(reply.status, reply.headers, label)
+        except TimeoutError as exc:
+            raise self._past_deadline(label) from exc
+        return reply
+
+    async def _read_error_body(self, reply: StreamReply, label: str) -> bytes:
+        """An error answer's body, no larger than the cap of any answer."""
+        cap = response_cap(self.max_response_mb)
+        announced = declared_length(reply.headers)
+        if announced is not None and announced > cap:
+            raise self._too_large(ResponseTooLarge(cap, announced), label, "an error answer")
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in reply.chunks():
+            size += len(chunk)
+            if size > cap:
+                raise self._too_large(ResponseTooLarge(cap, size), label, "an error answer")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def stream_event_batches(
+        self, path: str, payload: dict[str, Any], *, label: str, max_bytes: int | None = None
+    ) -> AsyncGenerator[list[Any], None]:
+        """Server-sent events of a streaming POST, decoded from JSON, until ``[DONE]``: the
+        events decoded from each network read together (one list per read that completed at
+        least one event), so a consumer that falls behind gets several at once.
 
         Connecting is retried like any request; once events have arrived a failure surfaces
         (a proposal cannot be resumed midway). Closing the iterator closes the HTTP stream,
         which aborts the request on the server.
         """
-        batches = self.stream_event_batches(path, payload, label=label)
-        try:
-            async for batch in batches:
-                for event in batch:
-                    yield event
-        finally:
-            await batches.aclose()
-
-    async def stream_event_batches(
-        self, path: str, payload: dict[str, Any], *, label: str
-    ) -> AsyncGenerator[list[Any], None]:
-        """As :meth:`stream_events`, but the events decoded from each network read together
-        (one list per read that completed at least one event): a consumer that falls behind
-        gets several events at once and can handle them as one chunk."""
-
         content = orjson.dumps(payload)
-
-        async def connect() -> httpx.Response:
-            request = self._client.build_request(
-                "POST", path, content=content, headers=JSON_HEADERS
-            )
-            response = await self._client.send(request, stream=True)
-            if response.status_code >= 400:
-                try:
-                    text = (await response.aread()).decode("utf-8", "replace")
-                finally:
-                    await response.aclose()
-                self._check_status(response, text, label)
-            return response
-
-        async with self._semaphore:
-            self.requests_sent += 1
-            body: httpx.AsyncByteStream
-            if self._direct is not None:
-                opened = await self._with_retries(
-                    lambda: self._open_direct(path, content, label), label
-                )
-                body = _AiohttpStream(opened)
-            else:
-                response: httpx.Response = await self._with_retries(connect, label)
-                body = _ResponseBytes(response)
-            decoder = SSEDecoder()
-            try:
-                async for chunk in body:
-                    batch, done = _decode_events(decoder, chunk, label)
-                    if batch:
-                        yield batch
-                    if done:
-                        break
-            except httpx.TransportError as exc:
-                raise EngineUnavailableError(
-                    f"{label}: the stream from {self.base_url} broke: {exc}",
-                    engine=self.engine_name,
-                    retryable=True,
-                ) from exc
-            finally:
-                await body.aclose()
-
-    async def _open_direct(self, path: str, content: bytes, label: str) -> aiohttp.ClientResponse:
-        """A streaming POST on the pool's aiohttp session, its headers received and checked
-        (the body is the caller's to read and release)."""
-        assert self._direct is not None
+        # One deadline for the whole stream, retries of its connection included.
+        deadline = asyncio.get_running_loop().time() + self.request_deadline_s
+        cap = response_cap(self.max_response_mb) if max_bytes is None else max_bytes
+        line_cap = max(cap // SSE_LINE_SHARE, 1)
+        reply: StreamReply = await self._with_retries(
+            lambda: self._open(path, content, label, deadline), label
+        )
+        decoder = SSEDecoder()
+        size = 0
+        chunks = aiter(reply.chunks())
         try:
-            response = await self._direct.session().request(
-                "POST",
-                self._direct_url + path,
-                data=content,
-                headers=self._direct_headers,
-                timeout=self._direct_timeout,
-                allow_redirects=False,
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _httpx_error(exc) from exc
-        if response.status >= 400:
-            try:
-                text = (await response.read()).decode("utf-8", "replace")
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise _httpx_error(exc) from exc
-            finally:
-                response.release()
-            self._raise_for_status(
-                response.status, response.headers, response.reason or "", text, label
-            )
-        return response
+            while True:
+                # The deadline is re-entered per read (never held across a yield: a timeout
+                # context left open there would cancel the consumer, not this read).
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError as exc:
+                    raise self._past_deadline(label) from exc
+                size += len(chunk)
+                if size > cap:
+                    raise self._too_large(ResponseTooLarge(cap, size), label, "the stream")
+                batch, done = decode_events(decoder, chunk, label)
+                if decoder.pending > line_cap:
+                    raise self._too_large(
+                        ResponseTooLarge(line_cap, decoder.pending), label, "one stream line"
+                    )
+                if batch:
+                    yield batch
+                if done:
+                    break
+        except TransportError as exc:
+            raise EngineUnavailableError(
+                f"{label}: the stream from {self.base_url} broke: {exc}",
+                engine=self.engine_name,
+                retryable=True,
+            ) from exc
+        finally:
+            await reply.aclose()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._pool.aclose()
         # aiohttp closes its sockets on the loop's next turn: give it that turn, so that a loop
         # closed right after (asyncio.run, tests) does not leak them.
         await asyncio.sleep(0)

@@ -20,21 +20,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.adapter import (
-    RAW,
-    SCALED,
-    Adapter,
-    HttpCall,
+from backends.adapter import RAW, SCALED, Adapter, HttpCall
+from backends.completions import fast_completion_logprobs, parse_completion_logprobs
+from backends.parsing import (
     TokenLogprobs,
     check_ids,
-    check_length,
-    dict_rows_flat,
-    logprob_array,
     logprob_value,
-    token_id_array,
-    token_id_keys_array,
     token_id_value,
-    topk_from_flat,
     topk_rows,
 )
 from presto_client.core.engine_protocol import ProposalRequest
@@ -73,101 +65,6 @@ def _choices(body: Any, label: str) -> list[dict[str, Any]]:
     if not all(isinstance(c, dict) for c in choices):
         raise InvalidResponseError(f"{label}: malformed choices")
     return choices
-
-
-def _parse_completion_logprobs(
-    choice: dict[str, Any], k: int, *, label: str, expect: int | None
-) -> TokenLogprobs:
-    """A choice's ``logprobs`` block (legacy completions shape) as normalised records.
-
-    The whole block is turned into arrays at once (:func:`_fast_completion_logprobs`); anything
-    unusual takes the per-token path, which raises the precise error.
-    """
-    fast = _fast_completion_logprobs(choice, k, expect=expect)
-    if fast is not None:
-        return fast
-    return _parse_completion_logprobs_per_token(choice, k, label=label, expect=expect)
-
-
-parse_completion_logprobs = _parse_completion_logprobs
-"""The completions-shape logprob parser, public: the OpenAI-compatible dialect shares it."""
-
-
-def _fast_completion_logprobs(
-    choice: dict[str, Any], k: int, *, expect: int | None
-) -> TokenLogprobs | None:
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict):
-        return None
-    token_logprobs = logprobs.get("token_logprobs")
-    top = logprobs.get("top_logprobs")
-    ids_field = choice.get("token_ids")
-    if not isinstance(token_logprobs, list) or not isinstance(top, list):
-        return None
-    if not isinstance(ids_field, list):
-        return None  # ids from logprobs.tokens: the per-token path
-    n = len(ids_field)
-    if (expect is not None and n != expect) or len(token_logprobs) != n or len(top) != n:
-        return None
-    ids = token_id_array(ids_field)
-    values = logprob_array(token_logprobs)
-    flat = dict_rows_flat(top)
-    if ids is None or values is None or flat is None:
-        return None
-    keys, top_values, lengths = flat
-    top_ids = token_id_keys_array(keys)
-    top_lps = logprob_array(top_values)
-    if top_ids is None or top_lps is None:
-        return None
-    rows = topk_from_flat(top_ids, top_lps, lengths, k)
-    if rows is None:
-        return None
-    return TokenLogprobs(ids, values, rows[0], rows[1])
-
-
-def _parse_completion_logprobs_per_token(
-    choice: dict[str, Any], k: int, *, label: str, expect: int | None
-) -> TokenLogprobs:
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict):
-        raise InvalidResponseError(f"{label}: the response carries no logprobs")
-    token_logprobs = logprobs.get("token_logprobs")
-    tokens = logprobs.get("tokens")
-    top = logprobs.get("top_logprobs")
-    if not isinstance(token_logprobs, list) or not isinstance(top, list):
-        raise InvalidResponseError(f"{label}: logprobs.token_logprobs/top_logprobs missing")
-    ids_field = choice.get("token_ids")
-    if isinstance(ids_field, list):
-        ids = [token_id_value(t, label=label, what="token_ids") for t in ids_field]
-    elif isinstance(tokens, list):
-        ids = [token_id_value(t, label=label, what="logprobs.tokens") for t in tokens]
-    else:
-        raise InvalidResponseError(f"{label}: no token ids (return_token_ids ignored?)")
-    n = len(ids)
-    if expect is not None:
-        check_length(n, expect, label=label)
-    if len(token_logprobs) != n or len(top) != n:
-        raise InvalidResponseError(
-            f"{label}: {n} tokens but {len(token_logprobs)} logprobs and {len(top)} top-K rows"
-        )
-    values = np.array(
-        [logprob_value(v, label=label, what=f"token {i}") for i, v in enumerate(token_logprobs)],
-        dtype=np.float64,
-    )
-    rows: list[list[tuple[int, float]]] = []
-    for i, entry in enumerate(top):
-        if not isinstance(entry, dict):
-            raise InvalidResponseError(f"{label}: top_logprobs[{i}] is missing")
-        row = [
-            (
-                token_id_value(key, label=label, what=f"top_logprobs[{i}] key"),
-                logprob_value(v, label=label, what=f"top_logprobs[{i}]"),
-            )
-            for key, v in entry.items()
-        ]
-        rows.append(row)
-    top_ids, top_lps = topk_rows(rows, k, label=label)
-    return TokenLogprobs(np.asarray(ids, dtype=np.int64), values, top_ids, top_lps)
 
 
 def _merge_stream_choices(events: Sequence[Any]) -> dict[str, Any] | None:
@@ -211,7 +108,9 @@ class VllmAdapter(Adapter):
     max_top_k: ClassVar[int | None] = 20  # --max-logprobs default
     start_hint: ClassVar[str] = (
         "start it with `python -m vllm.entrypoints.openai.api_server --model DIR --port PORT "
-        "--dtype float32` (or `bash scripts/vllm_cpu.sh start` for the CPU test server)"
+        "--dtype float32`; or `bash scripts/vllm_cpu.sh start` for the CPU test server, which "
+        "serves on port 8765, not 8000 (configs/vllm_cpu.yaml points there; elsewhere add "
+        "`--set engines[0].base_url=http://127.0.0.1:8765`)"
     )
 
     @property
@@ -245,7 +144,7 @@ class VllmAdapter(Adapter):
         choices = _choices(body, label)
         if len(choices) != 1:
             raise InvalidResponseError(f"{label}: {len(choices)} choices, expected 1")
-        return _parse_completion_logprobs(
+        return parse_completion_logprobs(
             choices[0], self.spec.top_k, label=label, expect=request.num_tokens
         )
 
@@ -267,7 +166,7 @@ class VllmAdapter(Adapter):
         )
         if not has_tokens:
             return None
-        return _parse_completion_logprobs(choice, self.spec.top_k, label=label, expect=None)
+        return parse_completion_logprobs(choice, self.spec.top_k, label=label, expect=None)
 
     def parse_stream_events(
         self, request: ProposalRequest, events: Sequence[Any], *, label: str
@@ -275,7 +174,7 @@ class VllmAdapter(Adapter):
         if len(events) > 1:
             merged = _merge_stream_choices(events)
             if merged is not None:
-                fast = _fast_completion_logprobs(merged, self.spec.top_k, expect=None)
+                fast = fast_completion_logprobs(merged, self.spec.top_k, expect=None)
                 if fast is not None:
                     return fast
         # One event, or anything unusual: event by event (errors name the event's own rows).
@@ -376,7 +275,7 @@ class VllmAdapter(Adapter):
         out = TokenLogprobs.empty(self.spec.top_k)
         for choice in choices:
             out = out.concat(
-                _parse_completion_logprobs(choice, self.spec.top_k, label=label, expect=1)
+                parse_completion_logprobs(choice, self.spec.top_k, label=label, expect=1)
             )
         return out
 

@@ -12,15 +12,12 @@ time, and the server's peak and mean running requests over the measured window.
 Client implementations (``--impls``):
 
 ``before``       the library as of ``--before-rev`` (``git archive`` of that commit into a
-                 temporary folder put first on ``PYTHONPATH``): httpx's own pool, ``json``,
-                 per-token parsing.
-``after-httpx``  the current library over httpx's own pool (``backends.transport.httpx_pool``):
-                 isolates what the pool costs.
-``after``        the current library as shipped (httpx's API over aiohttp's pool, orjson,
-                 per-response arrays).
+                 temporary folder put first on ``PYTHONPATH``; e.g. ``--before-rev main``
+                 compares a branch with main, interleaved as ``--impls before,after,before,after``).
+``after``        the current library as shipped (aiohttp's pool, orjson, per-response arrays).
 ``after-uvloop`` as ``after`` on uvloop's event loop (when uvloop is installed).
-``raw-aiohttp``  a floor, not a client: the same requests (built by the adapter) as bare aiohttp
-                 POSTs over the same pool, bodies read but neither decoded nor parsed (tokens
+``raw-aiohttp``  a floor, not a client: the same requests (built by the adapter) sent on the
+                 engine's pool (aiohttp's), bodies read but neither decoded nor parsed (tokens
                  counted as requested): what HTTP and the event loop alone cost.
 
     .venv/bin/python -m benchmarks.bench_client --concurrency 10,100,1000 --T 64,512
@@ -47,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPLS = ("before", "after-httpx", "after", "after-uvloop", "raw-aiohttp")
+IMPLS = ("before", "after", "after-uvloop", "raw-aiohttp")
 PROMPT_LEN = 32
 
 
@@ -66,13 +63,8 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     from backends import EngineSpec, create_engine
     from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 
-    transport = None
-    if args.impl == "after-httpx":
-        from backends.transport import httpx_pool
-
-        transport = httpx_pool(args.C)
     spec = EngineSpec("vllm", (args.url,), top_k=20, max_concurrency=args.C, max_retries=0)
-    engine = create_engine(spec, transport=transport)
+    engine = create_engine(spec)
     scores = ScoreSpec((1.0, 0.25))
     rng = random.Random(args.C * 1000 + args.T)
     prompts = [tuple(rng.randrange(64) for _ in range(PROMPT_LEN)) for _ in range(args.C)]
@@ -153,21 +145,17 @@ async def _raw(engine: Any, request: Any, stream: bool) -> None:
 
     transport = engine.transport
     call = engine.adapter.build_generate(request, await engine.model(), label="", stream=stream)
-    session = transport._direct.session()
-    async with (
-        transport._semaphore,
-        session.post(
-            transport._direct_url + call.path,
-            data=orjson.dumps(call.payload),
-            headers=transport._direct_headers,
-            timeout=transport._direct_timeout,
-        ) as response,
-    ):
-        if stream:
-            async for _ in response.content.iter_any():
+    pool, url, headers = transport._pool, transport._url + call.path, transport._json_headers
+    body = orjson.dumps(call.payload)
+    if stream:
+        reply = await pool.open("POST", url, body, headers)
+        try:
+            async for _ in reply.chunks():
                 pass
-        else:
-            await response.read()
+        finally:
+            await reply.aclose()
+    else:
+        await pool.fetch("POST", url, body, headers)
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -343,7 +331,7 @@ def _run_client(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_client", description=__doc__)
-    p.add_argument("--impls", default="before,after-httpx,after")
+    p.add_argument("--impls", default="before,after")
     p.add_argument("--concurrency", default="10,100,1000")
     p.add_argument("--T", default="64,512")
     p.add_argument("--modes", default="plain,stream")

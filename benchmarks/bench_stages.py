@@ -72,11 +72,12 @@ def _stages(captures: Path, t: int) -> dict[str, Any]:
     import orjson
 
     import backends
-    from backends.adapter import scored_from_raw
     from backends.spec import EngineSpec
-    from backends.transport import Transport, loads
+    from backends.transport import Transport
     from backends.vllm import VllmAdapter
+    from backends.wire import loads
     from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
+    from presto_client.core.scoring import scored_from_raw
 
     adapter = VllmAdapter(EngineSpec("vllm", ("http://127.0.0.1:9",), top_k=20))
     spec = ScoreSpec((1.0, 0.25))

@@ -8,7 +8,6 @@ one clear message and a non-zero exit (a traceback only with ``-v``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import signal
@@ -19,9 +18,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from presto_client.core.stats import RoundRecord
+from presto_client import cli_fit_predictor
 from presto_client.errors import ConfigError, PrestoError
-from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
+from presto_client.progress_bar import ProgressBar
 from presto_client.urls import redact_text
 
 logger = logging.getLogger("presto_client.cli")
@@ -41,11 +40,13 @@ examples:
   presto compare configs/vllm_vs_sglang.yaml --traversals sequential,crn
   presto report runs/demo                           tables and PNG plots of a saved run
   presto validate configs/vllm.yaml --probe         check a config (and the servers)
+  presto fit-predictor runs/demo -o predictor.json refit the predictive traversal's predictor
   presto serve-embedded --port 8001                 serve the embedded engine (vLLM dialect)
 
 Rerunning `presto run` on the same output directory resumes it: finished chains are skipped.
 Exit status: 0 all chains finished, 3 some failed (rerun to retry them), 1 engine/job error,
-2 config error, 130/143 interrupted (Ctrl-C / SIGTERM; rerun to resume).
+2 config error (or an output that cannot be written: disk full), 130/143 interrupted
+(Ctrl-C / SIGTERM; rerun to resume).
 """
 
 
@@ -170,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--no-plots", action="store_true", help="tables only")
     _common(report)
 
+    cli_fit_predictor.add_parser(subs)
+    _common(subs.choices["fit-predictor"])
+
     validate = subs.add_parser(
         "validate",
         help="check a config and say what would run",
@@ -181,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe", action="store_true", help="also contact the engines and probe them"
     )
     _common(validate)
+
+    from presto_client.serve.command import add_serve_parser
+
+    add_serve_parser(subs, _config_options, _common)
 
     serve = subs.add_parser(
         "serve-embedded",
@@ -233,136 +241,8 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
     progress.addHandler(note)
     progress.propagate = False
     progress.setLevel(logging.ERROR if quiet else logging.INFO)
-    for noisy in ("httpx", "httpcore", "matplotlib", "PIL"):
+    for noisy in ("matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
-
-
-class ProgressBar:
-    """Progress of a job in Metropolis–Hastings transitions (a
-    :class:`~presto_client.orchestration.orchestrator.ChainSink`): on a terminal a tqdm bar with
-    the current arm, the rate and the ETA, kept at the end; elsewhere (a log file, CI) one plain
-    line every ``every_s`` seconds and at the end."""
-
-    def __init__(
-        self,
-        mode: str | None,
-        stream: TextIO | None = None,
-        *,
-        per_chain: int = 1,
-        every_s: float = 10.0,
-    ) -> None:
-        self.mode = mode  # "bar" | "lines" | None
-        self.enabled = mode == "bar"  # (the tqdm bar needs log lines redirected around it)
-        self.stream = stream or sys.stderr
-        self.per_chain = max(1, per_chain)
-        self.every_s = every_s
-        self.bar: Any = None
-        self.failed = 0
-        self.total = 0
-        self.done = 0
-        self.chains_total = 0
-        self.chains_done = 0
-        self.arm = ""
-        self._by_chain: dict[str, int] = {}
-        self._t0 = time.monotonic()
-        self._start_done = 0
-        self._last_line = 0.0
-        self._active = False
-
-    def start(self, total: int, finished: int) -> None:
-        if self.mode is None or finished >= total:
-            return
-        self.chains_total, self.chains_done = total, finished
-        self.total, self.done = total * self.per_chain, finished * self.per_chain
-        self._t0 = self._last_line = time.monotonic()
-        self._start_done = self.done
-        self._active = True
-        if self.mode == "bar":
-            from tqdm import tqdm
-
-            self.bar = tqdm(
-                total=self.total,
-                initial=self.done,
-                unit="transition",
-                desc="transitions",
-                file=self.stream,
-                dynamic_ncols=True,
-                leave=True,
-                smoothing=0.1,
-            )
-        else:
-            self._line("started")
-
-    def chain_started(self, spec: ChainSpec, replica: int) -> None:
-        return None
-
-    def round_done(self, spec: ChainSpec, record: RoundRecord, queue_s: float) -> None:
-        if not self._active:
-            return
-        n = int(record.transitions)
-        self.done += n
-        self._by_chain[spec.chain_id] = self._by_chain.get(spec.chain_id, 0) + n
-        self.arm = spec.arm
-        if self.bar is not None:
-            self.bar.set_postfix_str(self._postfix(), refresh=False)
-            self.bar.update(n)
-        elif time.monotonic() - self._last_line >= self.every_s:
-            self._line()
-
-    def chain_done(self, outcome: ChainOutcome) -> None:
-        if not self._active:
-            return
-        self.chains_done += 1
-        # A chain that stopped early (failed) will not bring its remaining transitions.
-        missing = self.per_chain - self._by_chain.pop(outcome.spec.chain_id, 0)
-        if missing > 0:
-            self.total -= missing
-        if not outcome.ok:
-            self.failed += 1
-        if self.bar is not None:
-            self.bar.total = self.total
-            self.bar.set_postfix_str(self._postfix(), refresh=False)
-            self.bar.refresh()
-        elif not outcome.ok or time.monotonic() - self._last_line >= self.every_s:
-            self._line()
-
-    def _postfix(self) -> str:
-        failed = f", {self.failed} failed" if self.failed else ""
-        return f"{self.arm}, chains {self.chains_done}/{self.chains_total}{failed}"
-
-    def _line(self, what: str = "") -> None:
-        self._last_line = now = time.monotonic()
-        rate = (self.done - self._start_done) / max(now - self._t0, 1e-9)
-        left = max(self.total - self.done, 0)
-        eta = _duration(left / rate) if rate > 0 and what != "started" else "-"
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        arm = f", arm {self.arm}" if self.arm else ""
-        failed = f" ({self.failed} failed)" if self.failed else ""
-        print(
-            f"progress: {self.done}/{self.total} transitions ({pct:.0f}%), chains "
-            f"{self.chains_done}/{self.chains_total}{failed}{arm}, {rate:.1f} transitions/s, "
-            f"ETA {eta}" + (f" [{what}]" if what else ""),
-            file=self.stream,
-            flush=True,
-        )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-        elif self._active:
-            self._line("done")
-        self._active = False
-
-    @contextlib.contextmanager
-    def logging_redirected(self) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
-        from tqdm.contrib.logging import logging_redirect_tqdm
-
-        with logging_redirect_tqdm():
-            yield
 
 
 @contextlib.contextmanager
@@ -387,15 +267,6 @@ def _sigterm_as_interrupt(received: dict[str, int]) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _progress_mode(args: argparse.Namespace) -> str | None:
@@ -432,9 +303,9 @@ def _load(args: argparse.Namespace) -> Any:
 def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
     from presto_client.orchestration.job import run_job
 
-    sampler = plan.config.sampler
+    settings = plan.settings
     progress = ProgressBar(
-        _progress_mode(args), per_chain=sampler.num_blocks * sampler.steps_per_block
+        _progress_mode(args), per_chain=settings.num_blocks * settings.steps_per_block
     )
     state: dict[str, int] = {}
     received: dict[str, int] = {}
@@ -455,15 +326,22 @@ def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
         progress.close()
         from presto_client.orchestration.rundir import RunDir, finished_ok
 
-        done = len(finished_ok(RunDir(plan.output_dir).samples()))
+        run = RunDir(plan.output_dir)
         terminated = received.get("signal") == signal.SIGTERM
         what = "terminated (SIGTERM)" if terminated else "interrupted"
         total = state.get("total", len(plan.chains))
-        print(
-            f"{what}: {done} of {total} chain(s) finished "
-            f"are saved in {plan.output_dir}; rerun the same command to resume",
-            file=sys.stderr,
-        )
+        if run.exists():
+            done = len(finished_ok(run.samples()))
+            told = (
+                f"{done} of {total} chain(s) finished are saved in {plan.output_dir}; rerun "
+                "the same command to resume"
+            )
+        else:  # (a fresh run stopped before it wrote anything is removed)
+            told = (
+                f"stopped before any chain ran; nothing was saved ({plan.output_dir} was not "
+                "kept); rerun the same command to start"
+            )
+        print(f"{what}: {told}", file=sys.stderr)
         raise _Interrupted(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         progress.close()
@@ -490,11 +368,12 @@ def _exit_status(result: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.orchestration.loading import load_prompts
     from presto_client.orchestration.plan import make_plan
     from presto_client.reporting.tables import format_summary_table
 
     cfg = _load(args)
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, load_prompts(cfg))
     result = _execute(args, plan, out)
     print(format_summary_table(result.summary), file=out)
     print(file=out)
@@ -503,12 +382,16 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.orchestration.loading import load_prompts
     from presto_client.orchestration.rundir import RunDir
     from presto_client.reporting.compare import check_baseline, compare_plan, format_comparison
 
     cfg = _load(args)
     plan = compare_plan(
-        cfg, engines=_split_list(args.engines), traversals=_split_list(args.traversals)
+        cfg,
+        load_prompts(cfg),
+        engines=_split_list(args.engines),
+        traversals=_split_list(args.traversals),
     )
     check_baseline(plan.arms, args.baseline)
     result = _execute(args, plan, out)
@@ -527,9 +410,10 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     from presto_client.orchestration.summary import summarize_run
     from presto_client.reporting.plots import write_plots
     from presto_client.reporting.tables import (
+        format_runs_table,
         format_speedup_per_prompt,
         format_summary_table,
-        render_table,
+        runs_table_rows,
     )
 
     combined: list[list[str]] = []
@@ -556,71 +440,29 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
             for f in files:
                 print(f"wrote {f}", file=out)
         print(file=out)
-        for arm in summary["arms"]:
-            med = arm.get("speedup_median")
-            combined.append(
-                [
-                    str(run.path),
-                    str(arm["arm"]),
-                    str(arm["chains_ok"]),
-                    "-"
-                    if arm.get("transitions_per_call") is None
-                    else f"{arm['transitions_per_call']:.2f}",
-                    f"{arm['model_call_time_s']:.2f}",
-                    "-" if med is None else f"{med:.2f}x",
-                ]
-            )
+        combined.extend(runs_table_rows(run.path, summary))
     if len(args.run_dirs) > 1 and combined:
         print("== all runs", file=out)
-        print(
-            render_table(
-                ["run", "arm", "chains", "trans/call", "model time s", "speedup"], combined
-            ),
-            file=out,
-        )
+        print(format_runs_table(combined), file=out)
     return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.orchestration.loading import load_prompts
     from presto_client.orchestration.plan import describe_plan, make_plan
     from presto_client.orchestration.rundir import RunDir
 
     cfg = _load(args)
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, load_prompts(cfg))
     # the same check as `presto run` (a directory run would refuse is an error here too)
     finished = RunDir(plan.output_dir).check_resumable(plan.fingerprint)
     done = {c.chain_id for c in plan.chains} & set(finished)
     print(f"{args.config}: valid", file=out)
-    print(describe_plan(plan, finished=len(done)), file=out)
+    print(describe_plan(cfg, plan, finished=len(done)), file=out)
     if args.probe:
-        from presto_client.orchestration.engines import (
-            check_lengths,
-            open_engines,
-            start_embedded_servers,
-        )
+        from presto_client.orchestration.engines import probe_job
 
-        async def probe_all() -> list[str]:
-            lines: list[str] = []
-            async with contextlib.AsyncExitStack() as astack:
-                engines = await open_engines(cfg, astack, embedded_urls=urls, probe=True)
-                check_lengths(plan, engines)
-                for name, handle in engines.items():
-                    if not handle.probes:
-                        lines.append(f"  {name}: ok (in-process)")
-                    for report in handle.probes:
-                        extra = ""
-                        if report.seeds_honoured is not None:
-                            extra = f", seeds honoured: {report.seeds_honoured}"
-                        lines.append(
-                            f"  {name} {report.base_url}: ok, model {report.model}, "
-                            f"logprob mode {report.logprob_mode}{extra}"
-                        )
-                        lines.extend(f"    warning: {w}" for w in report.warnings)
-            return lines
-
-        with contextlib.ExitStack() as stack:
-            urls = start_embedded_servers(cfg, stack)
-            lines = asyncio.run(probe_all())
+        lines = probe_job(plan)
         print("probe:", file=out)
         print("\n".join(lines), file=out)
     return EXIT_OK
@@ -640,11 +482,19 @@ def cmd_serve_embedded(args: argparse.Namespace, out: TextIO) -> int:
     return int(serve_main(rest) or 0)
 
 
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.serve.command import run_serve
+
+    return run_serve(args, _load(args))
+
+
 _COMMANDS = {
+    "serve": cmd_serve,
     "run": cmd_run,
     "compare": cmd_compare,
     "report": cmd_report,
     "validate": cmd_validate,
+    "fit-predictor": cli_fit_predictor.cmd_fit_predictor,
     "serve-embedded": cmd_serve_embedded,
 }
 

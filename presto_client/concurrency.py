@@ -24,8 +24,7 @@ async def gather_or_fail(aws: Sequence[Awaitable[T]]) -> list[T]:
     """
     if len(aws) == 1:
         # One awaitable (a chain's proposal, the usual case): awaited in the caller's task,
-        # which has the same failure and cancellation semantics without a task of its own
-        # (ported from the perf branch's ebd1a48, issue 8).
+        # which has the same failure and cancellation semantics without the cost of a task.
         return [await aws[0]]
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:

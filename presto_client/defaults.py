@@ -17,6 +17,14 @@ REQUEST_TIMEOUT_S = 300.0
 """Timeout of one HTTP request, seconds."""
 CONNECT_TIMEOUT_S = 10.0
 """Connect timeout, seconds."""
+REQUEST_DEADLINE_S = 900.0
+"""The most one HTTP request may take from sending to its last byte, seconds (the request
+timeout is the longest *silence*: a server that sends a keepalive comment every second, or one
+byte a second, never trips it). Generous: a long generation on a slow CPU server fits."""
+MAX_RESPONSE_MB = 32.0
+"""The least size cap of one response, MiB (a request's own cap grows with what it asks:
+tokens × top-K); an SSE line may take a sixteenth of it. Beyond it the answer is refused
+after reading at most the cap, whatever the server sends."""
 MAX_RETRIES = 3
 """Retries of timeouts and HTTP 408/429/500 (a restart's symptoms: :data:`RESTART_WINDOW_S`)."""
 RESTART_WINDOW_S = 60.0
@@ -31,6 +39,8 @@ it starts. Other failures (timeouts, 408/429/500) keep ``max_retries``; a 4xx is
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 """The embedded engine's model (as recorded in a run's fingerprint)."""
+EMBEDDED_VOCAB_SIZE = 49152
+"""SmolLM2's vocabulary: ids at or past it in an answer are refused."""
 EMBEDDED_EOS_TOKEN_ID = 2
 """``<|im_end|>`` of SmolLM2-Instruct: where the embedded engine's responses are truncated."""
 EMBEDDED_REQUEST_TIMEOUT_S = 600.0

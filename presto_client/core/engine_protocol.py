@@ -11,7 +11,7 @@ Backends implement this over HTTP; :mod:`presto_client.core.reference` implement
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -170,20 +170,12 @@ class Engine(Protocol):
 
 
 @runtime_checkable
-class EngineView(Protocol):
-    """One chain's view of a shared engine (the orchestrator's bounded view, an optional
-    capability): chains whose views share ``shared_engine`` share its speculation budget."""
-
-    @property
-    def shared_engine(self) -> object: ...
-
-
-@runtime_checkable
 class ConcurrencyBounded(Protocol):
     """An engine that serves at most ``max_concurrency`` requests at once (an optional capability).
 
-    The ``stream`` traversal sizes its shared speculation budget from it, so that speculative
-    proposals never take the slots that the chains' head proposals need.
+    A chain run without a speculation budget handed in sizes its own from it
+    (:func:`presto_client.core.runners.chain_budget`), so that speculative proposals never take
+    the slots that the head proposals need.
     """
 
     @property
@@ -202,6 +194,14 @@ class Tokenizing(Protocol):
     async def tokenize(
         self, text: str, *, chat_template: bool = False, system_prompt: str | None = None
     ) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class ChatTokenizing(Protocol):
+    """An engine that renders a whole conversation (``role``/``content`` turns) through its
+    model's chat template into the prompt for the assistant's next turn."""
+
+    async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> Sequence[int]: ...
 
 
 @runtime_checkable

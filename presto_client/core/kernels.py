@@ -11,19 +11,17 @@ scores and asks again.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar
 
 import numpy as np
 
 from presto_client.core.engine_protocol import FloatArray, ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.rng import TransitionDraws
+from presto_client.core.settings import SamplerConfig, Setting
 from presto_client.core.state import ChainState
 from presto_client.errors import InvalidResponseError
-
-if TYPE_CHECKING:
-    from presto_client.core.sampler_config import SamplerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,15 +201,31 @@ class Kernel:
 
     #: Whether the cut law depends on the state (EntropyCut): trees must verify speculated cuts.
     state_dependent_cut: bool = False
-    #: The sampler's own settings (``SamplerConfig`` fields beyond the common ones): what a job
-    #: config's ``sampler: {kind: NAME, ...}`` block may hold.
-    settings: tuple[str, ...] = ()
+    #: The ``SamplerConfig`` fields beyond the common ones that this sampler reads (the built-in
+    #: samplers' settings, stated with their defaults on ``SamplerConfig``).
+    settings: ClassVar[tuple[str, ...]] = ()
+    #: Settings of the sampler's own that ``SamplerConfig`` has no field for, each with its one
+    #: default: read with :meth:`option`. Together with :attr:`settings`, what a job config's
+    #: ``sampler: {kind: NAME, ...}`` block may hold.
+    options: ClassVar[Mapping[str, Setting]] = {}
 
     def __init__(self, config: SamplerConfig) -> None:
+        unknown = sorted(set(dict(config.options)) - set(self.options))
+        if unknown:
+            raise ValueError(
+                f"sampler {config.sampler!r} has no option {', '.join(map(repr, unknown))}; "
+                f"its options are: {', '.join(self.options) or 'none'}"
+            )
         self.config = config
         self.alpha = config.alpha
         self.tau = config.proposal_temperature
         self.score_spec = ScoreSpec(temperatures=(self.tau,))
+
+    def option(self, name: str) -> Any:
+        """The value of the option ``name``: the config's, parsed, else its declared default."""
+        setting = self.options[name]
+        given = dict(self.config.options)
+        return setting.parse(given[name]) if name in given else setting.default
 
     @property
     def sequences_per_proposal(self) -> int:
@@ -303,7 +317,7 @@ class EntropyCut(Kernel):
     """
 
     state_dependent_cut = True
-    settings = ("beta",)
+    settings: ClassVar[tuple[str, ...]] = ("beta",)
 
     def __init__(self, config: SamplerConfig) -> None:
         super().__init__(config)
@@ -358,7 +372,7 @@ class MultiTryMH(Kernel):
     selection and the acceptance are certified by monotonicity (see :meth:`evaluate`).
     """
 
-    settings = ("k_try", "temperatures")
+    settings: ClassVar[tuple[str, ...]] = ("k_try", "temperatures")
 
     def __init__(self, config: SamplerConfig) -> None:
         super().__init__(config)
@@ -538,18 +552,48 @@ SAMPLER_KERNELS: dict[str, type[Kernel]] = {
     "multi_try_mh": MultiTryMH,
 }
 """The registry of samplers: name -> kernel class. Every list of sampler names (the job config,
-``SamplerConfig``'s check, the benchmarks) is derived from it
-(:func:`presto_client.core.sampler_config.sampler_names`)."""
+the benchmarks) is derived from it (:func:`sampler_names`)."""
+
+
+def sampler_names() -> tuple[str, ...]:
+    """The registered samplers, built-ins first."""
+    return tuple(SAMPLER_KERNELS)
+
+
+def sampler_settings(name: str) -> tuple[str, ...]:
+    """A registered sampler's own settings (fields, then options); ``()`` if unknown."""
+    kernel = SAMPLER_KERNELS.get(name)
+    return () if kernel is None else (*kernel.settings, *kernel.options)
 
 
 def register_sampler(name: str, kernel_cls: type[Kernel]) -> None:
-    """Make ``kernel_cls`` available as ``sampler: name`` (replaces an earlier registration)."""
+    """Make ``kernel_cls`` available as ``sampler: name``; a name already taken is refused."""
     if not name or not isinstance(name, str):
         raise ValueError(f"a sampler name must be a non-empty string, got {name!r}")
     if not (isinstance(kernel_cls, type) and issubclass(kernel_cls, Kernel)):
         raise ValueError(f"sampler {name!r}: {kernel_cls!r} is not a presto_client.core.Kernel")
+    if name in SAMPLER_KERNELS:
+        raise ValueError(
+            f"sampler {name!r} is registered already ({SAMPLER_KERNELS[name].__name__}); "
+            "choose another name"
+        )
+    clash = [k for k in kernel_cls.options if k in SamplerConfig.__dataclass_fields__]
+    if clash:
+        raise ValueError(
+            f"sampler {name!r}: option(s) {', '.join(clash)} are SamplerConfig fields already"
+        )
     SAMPLER_KERNELS[name] = kernel_cls
 
 
+def unregister_sampler(name: str) -> None:
+    """Remove a registered sampler (tests, plugins unloading)."""
+    SAMPLER_KERNELS.pop(name, None)
+
+
 def make_kernel(config: SamplerConfig) -> Kernel:
-    return SAMPLER_KERNELS[config.sampler](config)
+    kernel_cls = SAMPLER_KERNELS.get(config.sampler)
+    if kernel_cls is None:
+        raise ValueError(
+            f"unknown sampler {config.sampler!r}; valid samplers are {sampler_names()}"
+        )
+    return kernel_cls(config)

@@ -49,7 +49,7 @@ def scores_from_topk(
     top-K logprobs per position, deduplicated by token id, padded with ``-inf``. The sampled token
     may or may not be among them. With the full vocabulary in ``top_logp0`` the interval is exact
     up to rounding. ``entropy=False`` skips the entropy estimate (``None`` in the result): most
-    requests do not ask for it, and it is a third of the work (issue 8).
+    requests do not ask for it, and it is a third of the work.
     """
     sampled = np.asarray(sampled_logp0, dtype=np.float64)
     top = np.asarray(top_logp0, dtype=np.float64)
@@ -57,7 +57,7 @@ def scores_from_topk(
         raise ValueError(f"top_logp0 must be [n, K] with n={sampled.shape[0]}, got {top.shape}")
     if np.isnan(sampled).any() or np.isnan(top).any():
         raise ValueError("NaN logprob: the engine failed on this proposal")
-    # (Fewer, fused numpy calls than the formulas read, issue 8: every value is computed by
+    # (Fewer, fused numpy calls than the formulas read: every value is computed by
     # the same operations on the same operands, so the results are bit-identical; one errstate
     # for the whole body, as entering one costs more than a small array's arithmetic.)
     finite = np.isfinite(top)

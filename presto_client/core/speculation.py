@@ -5,7 +5,9 @@ The ``stream`` traversal keeps up to ``W`` proposals of a chain in flight. The f
 others are *speculative*. Speculation is free on a latency-bound engine (a GPU decode step costs
 nearly the same for 1 or 64 sequences) and costly on a compute-bound one (every sequence in a CPU
 step slows the others), and when many chains saturate an engine, speculative sequences take batch
-slots from other chains' heads. So the chains of an engine share one :class:`SpeculationBudget`:
+slots from other chains' heads. So the chains of an engine share one :class:`SpeculationBudget`,
+held by whoever opened the engine (the job's engines, :mod:`presto_client.orchestration.engines`)
+and handed to each chain's runner:
 
 * **capacity**: speculative sequences never take the slots that the chains' heads need
   (``capacity − heads``, capacity being the engine's concurrency bound);
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import weakref
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -191,20 +192,3 @@ class SpeculationBudget:
     def fitted(self) -> tuple[float, float] | None:
         """The fitted ``(a, b)`` of ``seconds per token = a + b·sequences in flight``."""
         return self._fit.coefficients()
-
-
-_BUDGETS: weakref.WeakKeyDictionary[object, SpeculationBudget] = weakref.WeakKeyDictionary()
-
-
-def budget_for(engine: object, capacity: int | None) -> SpeculationBudget:
-    """The budget shared by every chain running on ``engine`` (created on first use).
-
-    Only a served engine (one with a concurrency bound, i.e. a server) is measured; an
-    in-process engine (the reference model) computes its answers on the event loop, so its
-    timings say nothing about a server's cost and its chains speculate up to their caps.
-    """
-    budget = _BUDGETS.get(engine)
-    if budget is None:
-        budget = SpeculationBudget(capacity, adaptive=capacity is not None)
-        _BUDGETS[engine] = budget
-    return budget

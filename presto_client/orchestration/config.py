@@ -1,5 +1,6 @@
 """The job configuration's schema: pydantic models of a job, turned into plain objects.
 
+The engines' classes are in :mod:`presto_client.orchestration.engine_config` (re-exported here).
 A job is: one or more **engines** (servers to talk to, or the in-process reference model, or the
 embedded CPU server), a list of **prompts**, one **sampler** with one or more **traversals**
 (each engine × traversal is an *arm*), ``chains_per_prompt`` chains per prompt and arm, a root
@@ -12,244 +13,61 @@ Reading a YAML file, ``--set`` overrides and error messages with field paths:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     field_validator,
     model_validator,
 )
 
-from backends.registry import BUILTIN_BACKENDS, available_backends
 from presto_client import defaults
-from presto_client.core.sampler_config import (
-    ARM_TRAVERSALS,
-    MAX_ALPHA,
-    MIN_TAU,
-    SAMPLERS,
-    SamplerConfig,
-    arm_traversal_names,
-    sampler_names,
-    sampler_settings,
+from presto_client.core.kernels import SAMPLER_KERNELS, sampler_names, sampler_settings
+from presto_client.core.methods import arm_traversal_names, get_method
+from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
+from presto_client.orchestration.engine_config import (
+    ENGINE_TAGS,
+    EmbeddedEngineConfig,
+    EngineConfig,
+    EngineConfigBase,
+    HttpEngineConfig,
+    ReferenceEngineConfig,
+    StrictModel,
+    engine_config_type,
+    engine_kinds,
+    http_kinds,
+    local_kinds,
+    on_engine_kind_registered,
+    register_engine_kind,
 )
 from presto_client.orchestration.grading import GraderConfig
-from presto_client.urls import redact_url, split_userinfo
+from presto_client.orchestration.planned import Prompt
 
-LOCAL_KINDS: tuple[str, ...] = ("embedded", "reference")
-"""Engine kinds that are not HTTP backends: the embedded CPU server and the reference model."""
-
-
-def http_kinds() -> tuple[str, ...]:
-    """The HTTP engine kinds: the backends' registry (built-ins first, then registered ones and
-    the entry points of ``presto_client.backends``), never restated here."""
-    names = [k for k in available_backends() if k not in LOCAL_KINDS]
-    return (
-        *[k for k in BUILTIN_BACKENDS if k in names],
-        *[k for k in names if k not in BUILTIN_BACKENDS],
-    )
-
-
-def engine_kinds() -> tuple[str, ...]:
-    """Every valid ``kind`` of an engine in a job config."""
-    return (*http_kinds(), *LOCAL_KINDS)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Engines
-# --------------------------------------------------------------------------------------------
-
-
-class _EngineCommon(_Strict):
-    name: str | None = Field(
-        None,
-        description="Display name of the engine, used in arm ids and tables; unique per job. "
-        "Default: the kind (with an index if the kind appears twice).",
-    )
-    max_concurrency: int = Field(
-        defaults.ENGINE_MAX_CONCURRENCY,
-        ge=1,
-        description="Most requests in flight to this engine (all replicas together).",
-    )
-    eos_token_id: int | None = Field(
-        None,
-        description="Token id at which final responses are truncated; null: no truncation "
-        "(the embedded engine knows its own).",
-    )
-
-
-class HttpEngineConfig(_EngineCommon):
-    """A running vLLM / SGLang / OpenAI-compatible server (one or several replicas)."""
-
-    kind: str = Field(
-        description="Serving dialect, a registered backend: 'vllm' (/v1/completions), 'sglang' "
-        "(native /generate), 'openai' (any OpenAI-compatible completions server), or a "
-        "third-party backend (backends.register_backend, entry points presto_client.backends)."
-    )
-    base_url: str | None = Field(
-        None, description="URL of the server, e.g. http://localhost:8000 (or use base_urls)."
-    )
-    base_urls: list[str] | None = Field(
-        None,
-        description="Several data-parallel replicas (or routers); a chain sticks to one of them "
-        "so that the replica's prefix cache serves it.",
-    )
-    model: str | None = Field(
-        None, description="Served model name; null: discovered from the server (/v1/models)."
-    )
-    logprob_mode: str = Field(
-        "auto",
-        description="What the server's logprobs mean. vllm: 'raw' | 'processed'; sglang: "
-        "'scaled' | 'raw'; openai: 'raw'; 'auto': the dialect's default.",
-    )
-    top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
-    request_timeout_s: float = Field(
-        defaults.REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
-    )
-    connect_timeout_s: float = Field(
-        defaults.CONNECT_TIMEOUT_S, gt=0, description="Connect timeout, seconds."
-    )
-    max_retries: int = Field(
-        defaults.MAX_RETRIES,
-        ge=0,
-        description="Retries of a request on timeouts and HTTP 408/429/500.",
-    )
-    restart_window_s: float = Field(
-        defaults.RESTART_WINDOW_S,
-        ge=0,
-        description="Seconds (of backoff) over which a request retries what a restarting server "
-        "answers: refused or reset connections and HTTP 502/503/504. A 4xx is never retried.",
-    )
-    api_key_env: str | None = Field(
-        None,
-        description="Name of the environment variable holding the API key, sent as a Bearer "
-        "token (the key itself is never written in a config or a run directory). A base_url "
-        "with user:password@ is sent as HTTP Basic auth instead; giving both is an error.",
-    )
-    vocab_size: int | None = Field(
-        None, ge=2, description="Vocabulary size; needed only for temperatures above 1."
-    )
-    probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
-
-    @field_validator("kind")
-    @classmethod
-    def _registered_kind(cls, kind: str) -> str:
-        if kind not in http_kinds():
-            raise ValueError(
-                f"unknown engine kind {kind!r}; valid kinds are: {', '.join(engine_kinds())}"
-            )
-        return kind
-
-    @model_validator(mode="after")
-    def _one_url(self) -> HttpEngineConfig:
-        if self.base_url and self.base_urls:
-            raise ValueError("give base_url or base_urls, not both")
-        if not self.base_url and not self.base_urls:
-            raise ValueError(
-                "base_url is required: the server's URL, e.g. base_url: http://localhost:8000"
-            )
-        for url in self.urls:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ValueError(
-                    f"{redact_url(url)!r} is not an http(s) URL, e.g. http://localhost:8000"
-                )
-            if self.api_key_env and split_userinfo(url)[1] is not None:
-                raise ValueError(
-                    f"{redact_url(url)} carries user:password@ and api_key_env is set too: give "
-                    "one credential, not both (the URL's is sent as HTTP Basic auth, the key of "
-                    "api_key_env as a Bearer token)"
-                )
-        return self
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        if self.base_urls:
-            return tuple(self.base_urls)
-        return (self.base_url,) if self.base_url else ()
-
-
-class EmbeddedEngineConfig(_EngineCommon):
-    """The embedded CPU server (SmolLM2-135M, vLLM dialect on loopback), started by presto."""
-
-    kind: Literal["embedded"] = Field(description="The embedded CPU engine ('embedded').")
-    port: int | None = Field(None, ge=1, le=65535, description="Port; null: a free one.")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Model dtype; float32 keeps scores batch-invariant."
-    )
-    startup_timeout_s: float = Field(
-        defaults.EMBEDDED_STARTUP_TIMEOUT_S, gt=0, description="How long to wait for start-up."
-    )
-    top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
-    request_timeout_s: float = Field(
-        defaults.EMBEDDED_REQUEST_TIMEOUT_S, gt=0, description="Timeout of one request, seconds."
-    )
-    probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
-
-
-class ReferenceEngineConfig(_EngineCommon):
-    """The exact in-process reference model: no server, runs in seconds (tests, demos)."""
-
-    kind: Literal["reference"] = Field(description="The in-process reference model.")
-    vocab_size: int = Field(8, ge=2, description="Vocabulary size of the toy model.")
-    model_seed: int = Field(0, ge=0, description="Seed of the toy model's logits.")
-    logit_scale: float = Field(1.5, gt=0, description="Spread of the toy model's logits.")
-    top_k: int | None = Field(
-        None,
-        ge=1,
-        description="Return only top-K raw logprobs (certified intervals, like an HTTP engine); "
-        "null: exact scores.",
-    )
-    latency_s: float = Field(
-        0.0, ge=0, description="Simulated latency of every request, seconds (for demos)."
-    )
-    token_latency_s: float = Field(
-        0.0, ge=0, description="Simulated time per generated token of a request, seconds."
-    )
-
-
-def _engine_tag(value: Any) -> str | None:
-    """Which config class an engine entry is: its local kind, or ``http`` for any other kind
-    (checked against the backends' registry by :class:`HttpEngineConfig`)."""
-    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    if kind is None:
-        return None
-    return kind if kind in LOCAL_KINDS else "http"
-
-
-ENGINE_TAGS: dict[str, type[BaseModel]] = {
-    "http": HttpEngineConfig,
-    "embedded": EmbeddedEngineConfig,
-    "reference": ReferenceEngineConfig,
-}
-
-EngineConfig = Annotated[
-    Union[  # noqa: UP007
-        Annotated[HttpEngineConfig, Tag("http")],
-        Annotated[EmbeddedEngineConfig, Tag("embedded")],
-        Annotated[ReferenceEngineConfig, Tag("reference")],
-    ],
-    Discriminator(_engine_tag),
+__all__ = [
+    "ENGINE_TAGS",
+    "EmbeddedEngineConfig",
+    "EngineConfig",
+    "EngineConfigBase",
+    "HttpEngineConfig",
+    "JobConfig",
+    "Prompt",
+    "PromptsConfig",
+    "ReferenceEngineConfig",
+    "SamplerSettings",
+    "engine_kinds",
+    "http_kinds",
+    "local_kinds",
+    "register_engine_kind",
 ]
-
 
 # --------------------------------------------------------------------------------------------
 # Prompts
 # --------------------------------------------------------------------------------------------
 
 
-class PromptsConfig(_Strict):
+class PromptsConfig(StrictModel):
     """Where the prompts come from: exactly one of ``texts``, ``token_ids`` or ``file``."""
 
     texts: list[str] | None = Field(None, description="Inline prompts (text).")
@@ -300,19 +118,12 @@ class PromptsConfig(_Strict):
             not self.token_ids or any(not p for p in self.token_ids)
         ):
             raise ValueError("token_ids must be a non-empty list of non-empty lists of ints")
+        for i, ids in enumerate(self.token_ids or ()):
+            if min(ids) < 0:
+                raise ValueError(f"token_ids[{i}] holds {min(ids)}: token ids are >= 0")
         if self.system_prompt is not None and not self.chat_template:
             raise ValueError("system_prompt needs chat_template: true")
         return self
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """One prompt: its text (to be tokenized by the engine) or its token ids."""
-
-    index: int
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    answer: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,9 +148,12 @@ def _known_sampler(name: str) -> str:
 
 
 TraversalName = Annotated[str, AfterValidator(_known_traversal)]
-"""A registered traversal (:func:`presto_client.core.sampler_config.arm_traversal_names`)."""
-SamplerName = Annotated[str, AfterValidator(_known_sampler)]
-"""A registered sampler (:func:`presto_client.core.sampler_config.sampler_names`)."""
+"""A registered method (:func:`presto_client.core.methods.arm_traversal_names`)."""
+RegisteredSampler = Annotated[str, AfterValidator(_known_sampler)]
+"""A registered sampler (:func:`presto_client.core.kernels.sampler_names`)."""
+
+_CORE = SamplerConfig()
+"""The core's defaults: every sampler default below is read from it, never restated."""
 
 
 def _default_traversals() -> list[TraversalName]:
@@ -348,17 +162,17 @@ def _default_traversals() -> list[TraversalName]:
     return ["stream"]
 
 
-class SamplerSettings(_Strict):
+class SamplerSettings(StrictModel):
     """The sampler every arm runs, and the traversals (baseline and PreSTO rules) to run it with."""
 
-    sampler: SamplerName = Field(
-        "power_mh",
-        description=f"Which power sampler: one of {', '.join(SAMPLERS)}; or a block with its "
-        "own settings, e.g. {kind: entropy_cut, beta: 4} or "
+    sampler: RegisteredSampler = Field(
+        _CORE.sampler,
+        description=f"Which power sampler: one of {', '.join(sampler_names())}; or a block with "
+        "its own settings, e.g. {kind: entropy_cut, beta: 4} or "
         "{kind: multi_try_mh, k_try: 4, temperatures: [0.5, 1.0]}.",
     )
     alpha: float = Field(
-        4.0,
+        _CORE.alpha,
         gt=0,
         le=MAX_ALPHA,
         allow_inf_nan=False,
@@ -372,39 +186,66 @@ class SamplerSettings(_Strict):
         description=f"Proposal temperature τ, at least {MIN_TAU:g}; null: 1/α (the paper's "
         "setting).",
     )
-    block_size: int = Field(16, ge=1, description="Tokens per block B.")
-    num_blocks: int = Field(1, ge=1, description="Blocks per response (length = B × blocks).")
+    block_size: int = Field(_CORE.block_size, ge=1, description="Tokens per block B.")
+    num_blocks: int = Field(
+        _CORE.num_blocks, ge=1, description="Blocks per response (length = B × blocks)."
+    )
     steps_per_block: int = Field(
-        8, ge=0, description="K: Metropolis–Hastings transitions after each block's extension."
+        _CORE.steps_per_block,
+        description="K: Metropolis–Hastings transitions after each block's extension (>= 1).",
     )
     traversals: list[TraversalName] = Field(
         default_factory=_default_traversals,
         min_length=1,
-        description=f"Traversal rules to run, one arm each: {', '.join(ARM_TRAVERSALS)} "
+        description=f"Traversal rules to run, one arm each: {', '.join(arm_traversal_names())} "
         "(sample, low_temperature, greedy: baselines without MH). "
         "'sequential' is the PowerMH baseline; speedups are measured against it.",
     )
     n_pf: int = Field(
-        8,
+        ROUND_SIZE,
         ge=1,
         description="N_pf: proposal requests prefetched per round (bfs, predictive, crn).",
     )
     window: int = Field(
-        16,
+        WINDOW,
         ge=1,
         description="W of the 'stream' traversal: the most proposals a chain keeps in flight. A "
         "cap: the engine's measured cost and the budget its chains share may allow fewer.",
     )
     epsilon: float = Field(
-        0.01, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
+        _CORE.epsilon, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
     )
-    beta: float = Field(4.0, gt=0, description="EntropyCut: exponent of the cut law.")
-    k_try: int = Field(4, ge=1, description="MultiTryMH: candidate suffixes per transition.")
+    beta: float = Field(_CORE.beta, gt=0, description="EntropyCut: exponent of the cut law.")
+    k_try: int = Field(
+        _CORE.k_try, ge=1, description="MultiTryMH: candidate suffixes per transition."
+    )
     temperatures: list[float] = Field(
-        default_factory=lambda: [0.25, 0.5, 1.0],
+        default_factory=lambda: list(_CORE.temperatures),
         min_length=1,
         description="MultiTryMH: temperatures a candidate may be drawn at.",
     )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings of a registered sampler's own (its kernel's options), given in "
+        "the sampler block: sampler: {kind: NAME, SETTING: VALUE}.",
+    )
+    predictor: Path | None = Field(
+        None,
+        description="The predictive traversal's certainty predictor: a JSON file written by "
+        "`presto fit-predictor RUN_DIR -o FILE` (relative to the config file); null: the "
+        "paper's coefficients. It steers prefetching only, never a decision.",
+    )
+
+    @field_validator("steps_per_block")
+    @classmethod
+    def _some_steps(cls, k: int) -> int:
+        if k < 1:
+            raise ValueError(
+                f"steps_per_block is {k}: with no Metropolis-Hastings step a chain is a plain "
+                "sample at the proposal temperature, not a power sample (the "
+                "'low_temperature' baseline arm is that); give K >= 1"
+            )
+        return k
 
     @model_validator(mode="before")
     @classmethod
@@ -447,7 +288,35 @@ class SamplerSettings(_Strict):
                 f"{', '.join(twice)} given twice: inside sampler: {{kind: {kind}, ...}} and "
                 "beside it"
             )
-        return {**data, "sampler": kind, **block}
+        options = SAMPLER_KERNELS[kind].options
+        own_options = {k: block.pop(k) for k in [*block] if k in options}
+        out = {**data, "sampler": kind, **block}
+        if own_options:
+            out["options"] = own_options
+        return out
+
+    @model_validator(mode="after")
+    def _options_of_the_sampler(self) -> SamplerSettings:
+        """Each option is the chosen sampler's, and its value is what the kernel accepts."""
+        declared = SAMPLER_KERNELS[self.sampler].options
+        for name, value in self.options.items():
+            setting = declared.get(name)
+            if setting is None:
+                raise ValueError(
+                    f"sampler {self.sampler!r} has no setting {name!r}; its own settings are: "
+                    f"{', '.join(sampler_settings(self.sampler)) or 'none'}"
+                )
+            try:
+                setting.parse(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"sampler {self.sampler!r}, {name}: {exc}") from None
+        return self
+
+    def method_size(self, traversal: str) -> int | None:
+        """The size a method's arm runs with: ``n_pf`` (a round method), ``window``
+        (``stream``) or ``None`` (a method without one)."""
+        size = get_method(traversal).size
+        return self.n_pf if size == "round" else self.window if size == "window" else None
 
     @model_validator(mode="before")
     @classmethod
@@ -489,6 +358,7 @@ class SamplerSettings(_Strict):
             temperatures=tuple(self.temperatures),
             epsilon=self.epsilon,
             eos_token_id=eos_token_id,
+            options=tuple(sorted(self.options.items())),
         )
 
 
@@ -497,7 +367,7 @@ class SamplerSettings(_Strict):
 # --------------------------------------------------------------------------------------------
 
 
-class JobConfig(_Strict):
+class JobConfig(StrictModel):
     """A batch job: engines × traversals (arms), prompts × chains per prompt, one root seed."""
 
     name: str | None = Field(None, description="Name of the job (default: the config file name).")
@@ -560,11 +430,19 @@ class JobConfig(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"engine names must be unique; repeated: {', '.join(dup)}")
+        for i, e in enumerate(self.engines):
+            vocab = e.known_vocab_size()
+            for j, ids in enumerate(self.prompts.token_ids or ()):
+                if vocab is not None and max(ids) >= vocab:
+                    raise ValueError(
+                        f"prompts.token_ids[{j}] holds {max(ids)}, outside engines[{i}]'s "
+                        f"vocabulary of {vocab} tokens"
+                    )
         if self.prompts.token_ids is None:
             for i, e in enumerate(self.engines):
-                if e.kind == "reference":
+                if not e.takes_text:
                     raise ValueError(
-                        f"engines[{i}] (reference) takes token-id prompts: "
+                        f"engines[{i}] ({e.kind}) takes token-id prompts: "
                         "give prompts.token_ids instead of texts/file"
                     )
         return self
@@ -576,3 +454,13 @@ class JobConfig(_Strict):
         if self.max_failed_chains is not None:
             return self.max_failed_chains
         return max(1, num_chains // 10)
+
+
+def _rebuild_engines() -> None:
+    """The ``engines`` union again from the engine kinds' registry (a kind registered after
+    this module was imported is then valid, and listed in errors)."""
+    JobConfig.model_fields["engines"].annotation = list[engine_config_type()]  # type: ignore[misc]
+    JobConfig.model_rebuild(force=True)
+
+
+on_engine_kind_registered(_rebuild_engines)

@@ -1,8 +1,10 @@
 """A job's engines, opened: every replica of every engine, probed, identified, checked.
 
-An HTTP engine is built by the backends' registry (:func:`backends.create_engine`) from an
-:class:`~backends.spec.EngineSpec`; the embedded engine is a vLLM-dialect server on loopback;
-the reference engine is the in-process model. Optional capabilities of a replica (a probe,
+Each engine of the plan (:class:`~presto_client.orchestration.planned.PlannedEngine`) opens its
+replicas through its own opener: an HTTP engine through the backends' registry
+(:func:`backends.create_engine`), the embedded engine as a vLLM-dialect server on loopback
+(started here first), the reference engine as the in-process model, a registered kind as it
+says. Optional capabilities of a replica (a probe,
 an identity, prefix-cache metrics, a context length) are read through the protocols of
 :mod:`presto_client.core.engine_protocol`.
 """
@@ -12,44 +14,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from presto_client import defaults
+from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     ContextLimited,
     Identified,
     PrefixCacheMetered,
     Probing,
 )
-from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
+from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
-from presto_client.orchestration.config import (
-    EmbeddedEngineConfig,
-    EngineConfig,
-    HttpEngineConfig,
-    JobConfig,
-    ReferenceEngineConfig,
-)
-from presto_client.orchestration.plan import JobPlan
+from presto_client.orchestration.planned import JobPlan, PlannedEngine
+from presto_client.terminal_text import server_text
 
 logger = logging.getLogger(__name__)
 
 
-def engine_eos_token_id(e: EngineConfig) -> int | None:
-    """The EOS at which an engine's responses are truncated: the config's, else the embedded
-    engine's own (SmolLM2's ``<|im_end|>``). The one place for every path that opens an engine
-    (started by presto, or handed in through ``engine_overrides``)."""
-    if e.eos_token_id is not None:
-        return e.eos_token_id
-    return defaults.EMBEDDED_EOS_TOKEN_ID if isinstance(e, EmbeddedEngineConfig) else None
-
-
 @dataclass(slots=True)
 class OpenedEngine:
-    """An engine of the job, opened: its replicas and what the orchestration needs to know."""
+    """An engine of the job, opened: its replicas and what the orchestration needs to know.
+
+    It owns the speculation budget of each replica (one server, one cost curve), which every
+    chain on that replica shares: made here, handed to the chains through the orchestrator's
+    :class:`~presto_client.orchestration.orchestrator.EnginePool`.
+    """
 
     name: str
     kind: str
@@ -57,17 +49,38 @@ class OpenedEngine:
     max_concurrency: int
     eos_token_id: int | None = None
     probes: list[Any] = field(default_factory=list)
+    budgets: list[SpeculationBudget] = field(default_factory=list)
+    takes_text: bool = True
+    """Whether the replicas tokenize and detokenize text."""
+
+    @classmethod
+    def of(
+        cls, e: PlannedEngine, replicas: Sequence[Any], job_max_concurrency: int
+    ) -> OpenedEngine:
+        """``replicas`` of the planned engine ``e``, each with a budget of its own sized from
+        the bounds its requests run under (the engine's and the job's)."""
+        capacity = min(e.max_concurrency, job_max_concurrency)
+        return cls(
+            e.name,
+            e.kind,
+            list(replicas),
+            e.max_concurrency,
+            e.eos_token_id,
+            budgets=[SpeculationBudget(capacity) for _ in replicas],
+            takes_text=e.takes_text,
+        )
 
 
 def start_embedded_servers(
-    cfg: JobConfig, stack: contextlib.ExitStack, only: Sequence[str] | None = None
+    plan: JobPlan, stack: contextlib.ExitStack, only: Sequence[str] | None = None
 ) -> dict[str, str]:
-    """Start one embedded server per embedded engine; returns engine name → base URL."""
+    """Start one embedded server per engine that asks for one; returns engine name → base
+    URL."""
     urls: dict[str, str] = {}
     embedded = [
-        e
-        for e in cfg.engines
-        if isinstance(e, EmbeddedEngineConfig) and (only is None or e.name in only)
+        (e, e.server)
+        for e in plan.engines.values()
+        if e.server is not None and (only is None or e.name in only)
     ]
     if not embedded:
         return urls
@@ -78,98 +91,45 @@ def start_embedded_servers(
             f"the embedded engine is not available ({exc}); install it with "
             "pip install 'presto-client[embedded]', or point engines: at a running server"
         ) from None
-    for e in embedded:
+    for e, server in embedded:
         logger.info(
-            "starting the embedded engine %s (%s, %s)", e.name, defaults.EMBEDDED_MODEL, e.dtype
+            "starting the embedded engine %s (%s, %s)",
+            e.name,
+            defaults.EMBEDDED_MODEL,
+            server.dtype,
         )
         try:
-            urls[str(e.name)] = stack.enter_context(
-                embedded_server(e.port, dtype=e.dtype, startup_timeout_s=e.startup_timeout_s)
+            urls[e.name] = stack.enter_context(
+                embedded_server(
+                    server.port, dtype=server.dtype, startup_timeout_s=server.startup_timeout_s
+                )
             )
         except (RuntimeError, OSError) as exc:
             raise EngineUnavailableError(
-                f"the embedded engine did not start: {exc}", engine=str(e.name)
+                f"the embedded engine did not start: {exc}", engine=e.name
             ) from exc
     return urls
 
 
-def _api_key(e: HttpEngineConfig, index: int) -> str | None:
-    if e.api_key_env is None:
-        return None
-    key = os.environ.get(e.api_key_env)
-    if not key:
-        raise ConfigError(
-            f"engines[{index}].api_key_env: environment variable {e.api_key_env} is not set; "
-            f"export {e.api_key_env}=... before running"
-        )
-    return key
-
-
 async def open_engines(
-    cfg: JobConfig,
+    plan: JobPlan,
     stack: contextlib.AsyncExitStack,
     *,
     embedded_urls: Mapping[str, str] | None = None,
     only: Sequence[str] | None = None,
     probe: bool = True,
 ) -> dict[str, OpenedEngine]:
-    """Create every engine (all replicas) of ``cfg``; closed when ``stack`` closes."""
+    """Create every engine (all replicas) of ``plan``; closed when ``stack`` closes."""
     embedded_urls = embedded_urls or {}
     opened: dict[str, OpenedEngine] = {}
-    for index, e in enumerate(cfg.engines):
-        name = str(e.name)
+    for name, e in plan.engines.items():
         if only is not None and name not in only:
             continue
-        if isinstance(e, ReferenceEngineConfig):
-            model = ReferenceModel(
-                e.vocab_size,
-                seed=e.model_seed,
-                logit_scale=e.logit_scale,
-                eos_token_id=e.eos_token_id,
-            )
-            engine: Any = ReferenceEngine(model, top_k=e.top_k, name=name)
-            if e.latency_s or e.token_latency_s:
-                engine = SimulatedLatencyEngine(engine, e.latency_s, e.token_latency_s)
-            opened[name] = OpenedEngine(
-                name, e.kind, [engine], e.max_concurrency, engine_eos_token_id(e)
-            )
-            continue
-        from backends import EngineSpec, create_engine
-
-        if isinstance(e, EmbeddedEngineConfig):
-            if name not in embedded_urls:
-                raise ConfigError(f"engine {name}: the embedded server was not started")
-            spec = EngineSpec(
-                kind="vllm",
-                base_urls=(embedded_urls[name],),
-                top_k=e.top_k,
-                max_concurrency=e.max_concurrency,
-                request_timeout_s=e.request_timeout_s,
-                name=name,
-            )
-            do_probe = e.probe
-        else:
-            spec = EngineSpec(
-                kind=e.kind,
-                base_urls=e.urls,
-                model=e.model,
-                logprob_mode=e.logprob_mode,
-                top_k=e.top_k,
-                max_concurrency=e.max_concurrency,
-                request_timeout_s=e.request_timeout_s,
-                connect_timeout_s=e.connect_timeout_s,
-                max_retries=e.max_retries,
-                restart_window_s=e.restart_window_s,
-                api_key=_api_key(e, index),
-                name=name,
-                vocab_size=e.vocab_size,
-            )
-            do_probe = e.probe
-        replicas = [create_engine(spec, i) for i in range(len(spec.base_urls))]
+        replicas = e.opener.open_replicas(embedded_urls)
         for r in replicas:
             stack.push_async_callback(r.aclose)
-        handle = OpenedEngine(name, e.kind, replicas, e.max_concurrency, engine_eos_token_id(e))
-        if probe and do_probe:
+        handle = OpenedEngine.of(e, replicas, plan.settings.max_concurrency)
+        if probe and e.probes:
             handle.probes = await probe_engine(handle)
         opened[name] = handle
     return opened
@@ -187,18 +147,37 @@ async def probe_engine(handle: OpenedEngine) -> list[Any]:
     return list(reports)
 
 
-async def read_prefix_cache_counters(handle: OpenedEngine) -> dict[str, float] | None:
-    total: dict[str, float] = {}
+METRICS_TIMEOUT_S = 10.0
+"""Bound on one read of an engine's prefix-cache counters (all its replicas together)."""
+METRICS_TIMEOUT_STOPPING_S = 1.0
+"""The bound when the job is stopping (interrupted, or failed): a healthy server answers
+``/metrics`` in milliseconds, and one that is down would otherwise hold the exit for the whole
+bound while its connection is retried (the counters are a by-product, not worth the wait)."""
+
+
+async def read_prefix_cache_counters(
+    handle: OpenedEngine, *, timeout_s: float = METRICS_TIMEOUT_S
+) -> dict[str, float] | None:
+    """The engine's prefix-cache counters summed over its replicas (read concurrently, within
+    ``timeout_s`` in all); ``None`` when a replica has none or does not answer in time."""
+    replicas: list[PrefixCacheMetered] = []
     for r in handle.replicas:
         if not isinstance(r, PrefixCacheMetered):
             return None
-        try:
-            m = await asyncio.wait_for(r.metrics(), timeout=10)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.info("engine %s: no metrics (%s)", handle.name, exc)
-            return None
+        replicas.append(r)
+    try:
+        async with asyncio.timeout(timeout_s):
+            readings = await gather_or_fail([r.metrics() for r in replicas])
+    except asyncio.CancelledError:
+        raise
+    except TimeoutError:
+        logger.info("engine %s: no metrics (no answer within %g s)", handle.name, timeout_s)
+        return None
+    except Exception as exc:
+        logger.info("engine %s: no metrics (%s)", handle.name, exc)
+        return None
+    total: dict[str, float] = {}
+    for m in readings:
         if "prefix_cache_queries" not in m or "prefix_cache_hits" not in m:
             return None
         for k in ("prefix_cache_queries", "prefix_cache_hits"):
@@ -211,7 +190,7 @@ def check_lengths(
 ) -> None:
     """Refuse a response that cannot fit the server's context: the longest prompt (token ids
     per engine, when known) plus ``block_size × num_blocks`` against ``max_model_len``."""
-    s = plan.config.sampler
+    s = plan.settings
     response = s.block_size * s.num_blocks
     known = [len(p.token_ids) for p in plan.prompts if p.token_ids is not None]
     for name, handle in engines.items():
@@ -250,8 +229,43 @@ async def engine_identities(engines: Mapping[str, OpenedEngine]) -> dict[str, di
         models = sorted({str(i["model"]) for i in found})
         if len(models) > 1:
             raise ConfigError(
-                f"engine {name}: its replicas serve different models ({', '.join(models)}); "
-                "a chain's replica would decide its model. Point base_urls at one model"
+                f"engine {name}: its replicas serve different models "
+                f"({server_text(', '.join(models))}); a chain's replica would decide its model. "
+                "Point base_urls at one model"
             )
         out[name] = found[0]
     return out
+
+
+def describe_probe(name: str, report: Any) -> list[str]:
+    """A replica's probe report in words (``presto validate --probe``)."""
+    extra = ""
+    if report.seeds_honoured is not None:
+        extra = f", seeds honoured: {report.seeds_honoured}"
+    lines = [
+        f"  {name} {report.base_url}: ok, model {server_text(report.model)}, "
+        f"logprob mode {report.logprob_mode}{extra}"
+    ]
+    lines.extend(f"    warning: {w}" for w in report.warnings)
+    return lines
+
+
+def probe_job(plan: JobPlan) -> list[str]:
+    """Open and probe every engine of the job (starting embedded servers), check the context
+    lengths, and describe what answered; blocking (``presto validate --probe``)."""
+
+    async def probe_all(urls: Mapping[str, str]) -> list[str]:
+        lines: list[str] = []
+        async with contextlib.AsyncExitStack() as astack:
+            engines = await open_engines(plan, astack, embedded_urls=urls, probe=True)
+            check_lengths(plan, engines)
+            for name, handle in engines.items():
+                if not handle.probes:
+                    lines.append(f"  {name}: ok (in-process)")
+                for report in handle.probes:
+                    lines.extend(describe_probe(name, report))
+        return lines
+
+    with contextlib.ExitStack() as stack:
+        urls = start_embedded_servers(plan, stack)
+        return asyncio.run(probe_all(urls))

@@ -1,4 +1,4 @@
-"""Statistics of graded runs (issue 11): accuracy with a Wilson interval, the exact McNemar test
+"""Statistics of graded runs: accuracy with a Wilson interval, the exact McNemar test
 of two paired arms, and the unbiased pass@k estimator of Chen et al. (2021)."""
 
 from __future__ import annotations

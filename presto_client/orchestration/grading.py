@@ -1,4 +1,4 @@
-"""Graders: is a finished chain's answer right (issue 11)?
+"""Graders: is a finished chain's answer right?
 
 A grader is a pure function ``(completion text, reference answer) -> Grade``. The built-in ones:
 
@@ -25,12 +25,15 @@ import importlib
 import logging
 import re
 import threading
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from presto_client.orchestration.planned import GraderSpec
 
 log = logging.getLogger(__name__)
 
@@ -323,23 +326,27 @@ class GraderConfig(BaseModel):
         return self
 
     def label(self) -> str:
-        if self.kind == "regex":
-            return f"regex: {self.pattern}"
-        if self.kind == "python":
-            return f"python: {self.function}"
-        return self.kind
+        return self.to_spec().label()
+
+    def to_spec(self) -> GraderSpec:
+        """The grader as the plan holds it (plain)."""
+        return GraderSpec(str(self.kind), self.pattern, self.function)
 
 
-def build_grader(config: GraderConfig | str) -> GraderFn:
+def build_grader(config: GraderConfig | GraderSpec | str) -> GraderFn:
     """The grading function a config names (imports a python grader)."""
-    cfg = config if isinstance(config, GraderConfig) else GraderConfig.model_validate(config)
+    cfg: GraderConfig | GraderSpec = (
+        config
+        if isinstance(config, GraderConfig | GraderSpec)
+        else GraderConfig.model_validate(config)
+    )
     if cfg.kind == "regex":
         assert cfg.pattern is not None
         return make_regex_grader(cfg.pattern)
     if cfg.kind == "python":
         assert cfg.function is not None
         return load_python_grader(cfg.function)
-    return GRADERS[cfg.kind]
+    return GRADERS[typing.cast(GraderKind, cfg.kind)]
 
 
 def grade(config: GraderConfig | str, text: str, reference: str) -> Grade:

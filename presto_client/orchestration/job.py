@@ -1,12 +1,12 @@
 """A planned job, run (or resumed) into its run directory, then summarised.
 
-The faces layer (the CLI, or a Python caller) hands a validated
-:class:`~presto_client.orchestration.config.JobConfig` to
-:func:`~presto_client.orchestration.plan.make_plan` and the plan to :func:`run_job` (blocking)
-or :func:`run_job_async`. The engines are opened by :mod:`presto_client.orchestration.engines`,
-the chains run by the :class:`~presto_client.orchestration.orchestrator.Orchestrator`, every
-round and finished chain written by :class:`RunDirSink`, and the summary by
-:mod:`presto_client.orchestration.summary`.
+The faces layer (the CLI, or a Python caller) hands a validated job config and its prompts to
+:func:`~presto_client.orchestration.plan.make_plan` and the plan (plain frozen data,
+:mod:`~presto_client.orchestration.planned`) to :func:`run_job` (blocking) or
+:func:`run_job_async`; nothing here sees the config's models. The engines are opened by
+:mod:`presto_client.orchestration.engines`, the chains run by the
+:class:`~presto_client.orchestration.orchestrator.Orchestrator`, every round and finished chain
+written by :class:`RunDirSink`, and the summary by :mod:`presto_client.orchestration.summary`.
 """
 
 from __future__ import annotations
@@ -22,19 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.core.engine_protocol import Engine
-from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines import (
+    METRICS_TIMEOUT_S,
+    METRICS_TIMEOUT_STOPPING_S,
     OpenedEngine,
     check_lengths,
-    engine_eos_token_id,
     engine_identities,
     open_engines,
     read_prefix_cache_counters,
     start_embedded_servers,
 )
-from presto_client.orchestration.loading import redacted_dump
 from presto_client.orchestration.orchestrator import (
     ChainOutcome,
     ChainSink,
@@ -44,23 +43,13 @@ from presto_client.orchestration.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.plan import JobPlan, PlannedChain, pending_engines
+from presto_client.orchestration.planned import JobPlan, PlannedChain
 from presto_client.orchestration.prompt_tokens import decode, encode
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
-from presto_client.orchestration.summary import summarize, summary_rows
+from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
 
 logger = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------------
-# The plan (plain data)
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Engines
-# --------------------------------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,7 +136,7 @@ async def _tokenized_prompts(
     plan: JobPlan, engines: Mapping[str, OpenedEngine]
 ) -> dict[str, list[tuple[int, ...]]]:
     """Prompt ids per engine (text prompts are tokenized by each engine's own tokenizer)."""
-    cfg = plan.config
+    settings = plan.settings
     out: dict[str, list[tuple[int, ...]]] = {}
     for name, handle in engines.items():
         ids: list[tuple[int, ...]] = []
@@ -160,24 +149,17 @@ async def _tokenized_prompts(
                     await encode(
                         handle.replicas[0],
                         p.text,
-                        chat_template=cfg.prompts.chat_template,
-                        system_prompt=cfg.prompts.system_prompt,
+                        chat_template=settings.chat_template,
+                        system_prompt=settings.system_prompt,
                     )
                 )
         out[name] = ids
     return out
 
 
-def sampler_for(plan: JobPlan, eos_token_id: int | None) -> SamplerConfig:
-    try:
-        return plan.config.sampler.to_sampler_config(eos_token_id)
-    except ValueError as exc:
-        raise ConfigError(f"sampler: {exc}") from None
-
-
 def write_summary(run: RunDir, plan: JobPlan) -> dict[str, Any]:
     summary = summarize(
-        run.samples(), run.metrics(), job=plan.config.name, engine_order=plan.config.engine_names()
+        run.samples(), run.metrics(), job=plan.settings.name, engine_order=list(plan.engines)
     )
     run.write_summary(summary, summary_rows(summary))
     return summary
@@ -198,12 +180,11 @@ async def run_job_async(
     callers). ``on_start(total, finished)`` is called once the run directory is open.
     Cancellation stops every chain and is re-raised, with the summary of what finished written.
     """
-    cfg = plan.config
     start = time.perf_counter()
     run = RunDir(plan.output_dir)
     finished = run.open(
         fingerprint=plan.fingerprint,
-        resolved_config=redacted_dump(cfg),
+        resolved_config=plan.settings.resolved_config,
         chains=[c.as_dict() for c in plan.chains],
     )
     todo = [c for c in plan.chains if c.chain_id not in finished]
@@ -222,8 +203,9 @@ async def run_job_async(
             completed_ok = True
     finally:
         run.close(completed=completed_ok)
-        # (a fresh run that never wrote anything is removed at close: no summary of nothing)
-        summary = {} if run.removed else write_summary(run, plan)
+        # (a fresh run that never wrote anything is removed at close: no summary of nothing;
+        # after a failed write, the summary is left to the rerun)
+        summary = {} if run.removed or run.write_error else write_summary(run, plan)
     return JobResult(
         plan=plan,
         run_dir=run.path,
@@ -245,12 +227,12 @@ async def _run_chains(
     sinks: Sequence[ChainSink],
     probe: bool,
 ) -> OrchestratorResult:
-    cfg = plan.config
+    settings = plan.settings
     async with contextlib.AsyncExitStack() as stack:
         used = {c.arm.engine for c in todo}
         overrides = dict(engine_overrides or {})
         engines = await open_engines(
-            cfg,
+            plan,
             stack,
             embedded_urls=embedded_urls,
             only=[n for n in used if n not in overrides],
@@ -258,53 +240,58 @@ async def _run_chains(
         )
         for name, replicas in overrides.items():
             if name in used:
-                e = next(x for x in cfg.engines if x.name == name)
-                engines[name] = OpenedEngine(
-                    name, e.kind, list(replicas), e.max_concurrency, engine_eos_token_id(e)
+                engines[name] = OpenedEngine.of(
+                    plan.engines[name], replicas, settings.max_concurrency
                 )
         run.record_engine_identity(await engine_identities(engines))
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
         check_lengths(plan, engines, prompt_ids)
-        samplers = {n: sampler_for(plan, h.eos_token_id) for n, h in engines.items()}
         specs = [
             ChainSpec(
                 chain_id=c.chain_id,
                 arm=c.arm.arm,
                 engine=c.arm.engine,
                 traversal=c.arm.traversal,
-                sampler=samplers[c.arm.engine],
+                sampler=c.sampler or plan.samplers[c.arm.engine],
                 prompt_index=c.prompt_index,
                 chain_index=c.chain_index,
                 seed=c.seed,
                 prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
-                n_pf=cfg.sampler.window if c.arm.traversal == "stream" else cfg.sampler.n_pf,
+                n_pf=c.size,
+                predictor=plan.predictor,
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
             )
             for c in todo
         ]
 
         try:
-            grader = make_chain_grader(cfg.grader, {p.index: p.answer for p in plan.prompts})
+            grader = make_chain_grader(settings.grader, {p.index: p.answer for p in plan.prompts})
         except ValueError as exc:
             raise ConfigError(f"grader: {exc}") from None
 
         async def add_text(outcome: ChainOutcome) -> None:
-            if outcome.result is not None and engines[outcome.spec.engine].kind != "reference":
+            if outcome.result is not None and engines[outcome.spec.engine].takes_text:
                 replica = engines[outcome.spec.engine].replicas[outcome.replica]
                 outcome.text = await decode(replica, outcome.result.token_ids)
 
         orchestrator = Orchestrator(
-            {n: EnginePool(n, h.replicas, h.max_concurrency) for n, h in engines.items()},
-            max_concurrency=cfg.max_concurrency,
-            max_active_chains=cfg.max_active_chains,
-            max_failed_chains=cfg.failure_budget(len(plan.chains)),
-            sinks=[RunDirSink(run, cfg.sampler.sampler, grader), *sinks],
+            {
+                n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets)
+                for n, h in engines.items()
+            },
+            max_concurrency=settings.max_concurrency,
+            max_active_chains=settings.max_active_chains,
+            max_failed_chains=settings.failure_budget,
+            sinks=[RunDirSink(run, settings.sampler_name, grader), *sinks],
             finish=add_text,
         )
         before = {n: await read_prefix_cache_counters(h) for n, h in engines.items()}
+        stopping = True  # (interrupted or failed, until the orchestrator returns)
         try:
-            return await orchestrator.run(specs)
+            ran = await orchestrator.run(specs)
+            stopping = False
+            return ran
         except JobFailedError as exc:
             raise JobFailedError(
                 f"{exc}\nFinished chains are saved in {run.path}; fix the cause and rerun "
@@ -312,17 +299,25 @@ async def _run_chains(
                 "retried)."
             ) from None
         finally:
-            for n, h in engines.items():
-                b = before.get(n)
-                after = await read_prefix_cache_counters(h) if b is not None else None
-                if b is not None and after is not None:
-                    run.append_metrics(
-                        {
-                            "engine": n,
-                            "queries": after["prefix_cache_queries"] - b["prefix_cache_queries"],
-                            "hits": after["prefix_cache_hits"] - b["prefix_cache_hits"],
-                        }
+            # Every engine's counters at once; briefly when stopping (engines.py says why).
+            timeout_s = METRICS_TIMEOUT_STOPPING_S if stopping else METRICS_TIMEOUT_S
+            metered = [n for n in engines if before.get(n) is not None]
+            afters = await asyncio.gather(
+                *(read_prefix_cache_counters(engines[n], timeout_s=timeout_s) for n in metered)
+            )
+            for n, after in zip(metered, afters, strict=True):
+                b = before[n]
+                if b is None or after is None or run.write_error is not None:
+                    continue
+                delta = prefix_cache_delta(b, after)
+                if delta is None:
+                    logger.warning(
+                        "engine %s: its prefix-cache counters went backwards (the server "
+                        "restarted?); this session's cache hit rate is not recorded",
+                        n,
                     )
+                else:
+                    run.append_metrics({"engine": n, **delta})
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -339,11 +334,17 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
+def pending_engines(plan: JobPlan) -> list[str]:
+    """Engines with chains still to run in the plan's run directory (read-only peek)."""
+    done = RunDir(plan.output_dir).finished_chains()
+    return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})
+
+
 def run_job(plan: JobPlan, **kwargs: Any) -> JobResult:
     """Blocking :func:`run_job_async`, starting (and stopping) embedded servers around it."""
     check_output_dir(plan.output_dir)  # a config error before any engine starts
     with contextlib.ExitStack() as stack:
-        urls = start_embedded_servers(plan.config, stack, only=pending_engines(plan))
+        urls = start_embedded_servers(plan, stack, only=pending_engines(plan))
         factory = event_loop_factory()
         logger.debug("event loop: %s", "uvloop" if factory is not None else "asyncio")
         with asyncio.Runner(loop_factory=factory) as runner:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     ValidationError,
@@ -25,6 +24,12 @@ from pydantic import (
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import ENGINE_TAGS, JobConfig, Prompt, engine_kinds
+from presto_client.orchestration.input_files import (
+    MAX_CONFIG_BYTES,
+    MAX_PROMPTS_BYTES,
+    load_yaml,
+    read_text_file,
+)
 from presto_client.orchestration.overrides import apply_override, format_loc, parse_path
 from presto_client.urls import redact_url
 
@@ -97,6 +102,29 @@ def _describe(models: list[type[BaseModel]], field: str) -> str | None:
     return None
 
 
+def _engine_of(err: Any) -> tuple[str | int, ...] | None:
+    """``("engines", i)`` of an error inside an engine entry."""
+    loc = _clean_loc(err["loc"])
+    return tuple(loc[:2]) if len(loc) >= 2 and loc[0] == "engines" else None
+
+
+def _unknown_kind(err: Any) -> bool:
+    loc = _clean_loc(err["loc"])
+    return (
+        len(loc) == 3
+        and loc[0] == "engines"
+        and loc[2] == "kind"
+        and "unknown engine kind" in str(err["msg"])
+    )
+
+
+def _relevant(errors: list[Any]) -> list[Any]:
+    """The errors worth reporting: of an engine whose kind is unknown, only that (its other
+    fields were checked against some other kind's and would be reported as unknown)."""
+    unknown = {_engine_of(e) for e in errors if _unknown_kind(e)}
+    return [e for e in errors if _unknown_kind(e) or _engine_of(e) not in unknown]
+
+
 def _format_error(err: Any, overridden: dict[str, str]) -> str:
     loc = _clean_loc(err["loc"])
     models = _models_at(list(err["loc"]))
@@ -116,6 +144,11 @@ def _format_error(err: Any, overridden: dict[str, str]) -> str:
         msg = "required field missing"
         desc = _describe(models, last)
         hint = f"add {last}: ..." + (f" ({desc})" if desc else "")
+    elif _unknown_kind(err):
+        msg = msg.removeprefix("Value error, ")
+        given = err.get("input")
+        close = difflib.get_close_matches(str(given), engine_kinds(), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else ""
     elif etype == "union_tag_invalid" or etype == "union_tag_not_found":
         msg = f"unknown engine kind {err.get('input', {}).get('kind')!r}"
         if etype == "union_tag_not_found":
@@ -149,7 +182,7 @@ def validate_job_config(
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [_format_error(e, overridden or {}) for e in exc.errors()]
+        lines = [_format_error(e, overridden or {}) for e in _relevant(list(exc.errors()))]
         raise ConfigError(
             f"{source}: invalid job config ({len(lines)} problem(s)):\n" + "\n".join(lines)
         ) from None
@@ -162,19 +195,8 @@ def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ())
     ``output_dir`` becomes ``runs/<name>``.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such config file") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the config file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{p}{where}: not valid YAML: {problem}") from None
+    text = read_text_file(p, what="config file", max_bytes=MAX_CONFIG_BYTES)
+    data = load_yaml(text, source=str(p))
     if data is None:
         data = {}
     overridden: dict[str, str] = {}
@@ -188,6 +210,8 @@ def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ())
         cfg.name = p.stem
     if cfg.prompts.file is not None and not cfg.prompts.file.is_absolute():
         cfg.prompts.file = (p.parent / cfg.prompts.file).resolve()
+    if cfg.sampler.predictor is not None and not cfg.sampler.predictor.is_absolute():
+        cfg.sampler.predictor = (p.parent / cfg.sampler.predictor).resolve()
     if cfg.output_dir is None:
         cfg.output_dir = Path("runs") / cfg.name
     return cfg
@@ -202,13 +226,15 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
     elif pc.texts is not None:
         prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
     elif pc.file is not None:
-        try:
-            lines = pc.file.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(
-                f"prompts.file: cannot read {pc.file}: {exc.strerror}; fix the path (relative "
-                "paths are relative to the config file)"
-            ) from None
+        # JSONL is split on "\n" only: str.splitlines() also splits inside a JSON string at
+        # U+2028, U+0085 and other line breaks that JSON allows unescaped.
+        text = read_text_file(
+            pc.file,
+            what="prompts file",
+            max_bytes=MAX_PROMPTS_BYTES,
+            missing_hint="; fix prompts.file (relative paths are relative to the config file)",
+        )
+        lines = text.split("\n")
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -247,9 +273,9 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
         prompts = prompts[: pc.limit]
     if any(p.text is not None for p in prompts):
         for i, e in enumerate(cfg.engines):
-            if e.kind == "reference":
+            if not e.takes_text:
                 raise ConfigError(
-                    f"engines[{i}] (reference) takes token-id prompts, but {pc.file} holds text"
+                    f"engines[{i}] ({e.kind}) takes token-id prompts, but {pc.file} holds text"
                 )
     return prompts
 
@@ -273,4 +299,7 @@ def _redact(node: Any, key: str = "") -> Any:
 
 def redacted_dump(cfg: JobConfig) -> dict[str, Any]:
     """The resolved config as plain data with secrets removed (credentials in URLs)."""
-    return typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))
+    data = typing.cast(dict[str, Any], _redact(cfg.model_dump(mode="json")))
+    if not data["sampler"]["options"]:
+        del data["sampler"]["options"]  # (a sampler without options, recorded as it always was)
+    return data

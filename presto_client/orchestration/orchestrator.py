@@ -32,9 +32,12 @@ from typing import Any, Protocol, TypeVar
 
 from presto_client import defaults
 from presto_client.concurrency import gather_or_fail
+from presto_client.core.chain_runner import ChainResult
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
-from presto_client.core.runners import ChainResult, run_chain
-from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.runners import run_chain
+from presto_client.core.settings import ROUND_SIZE, SamplerConfig
+from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import PrestoError
 from presto_client.urls import redact_text
@@ -139,9 +142,6 @@ class LimitedEngine:
     def __init__(self, inner: Engine, engine_slots: FifoSemaphore, global_slots: FifoSemaphore):
         self.inner = inner
         self.name = inner.name
-        # The engine behind every chain's view, and its bound: chains that share an engine
-        # share one speculation budget sized from its slots (core.speculation).
-        self.shared_engine: Engine = inner
         self.max_concurrency = min(engine_slots.capacity, global_slots.capacity)
         self._engine_slots = engine_slots
         self._global_slots = global_slots
@@ -206,11 +206,24 @@ class LimitedEngine:
 
 @dataclass(frozen=True, slots=True)
 class EnginePool:
-    """An engine (one or more replicas) and its bound on in-flight requests."""
+    """An engine (one or more replicas), its bound on in-flight requests, and the speculation
+    budget of each replica (shared by the chains on it: one server, one cost curve).
+
+    ``budgets`` come from whoever opened the engine (:class:`~presto_client.orchestration.engines.
+    OpenedEngine`); left empty, the orchestrator makes one per replica, sized from the bounds.
+    """
 
     name: str
     replicas: Sequence[Engine]
     max_concurrency: int = defaults.ENGINE_MAX_CONCURRENCY
+    budgets: Sequence[SpeculationBudget] = ()
+
+    def __post_init__(self) -> None:
+        if self.budgets and len(self.budgets) != len(self.replicas):
+            raise ValueError(
+                f"engine {self.name}: {len(self.budgets)} budget(s) for "
+                f"{len(self.replicas)} replica(s)"
+            )
 
     def replica_for(self, key: str) -> int:
         """A stable replica index for ``key`` (the same in every process and session)."""
@@ -230,7 +243,10 @@ class ChainSpec:
     chain_index: int
     seed: int
     prompt_ids: tuple[int, ...]
-    n_pf: int = 8
+    n_pf: int | None = ROUND_SIZE
+    """The method's size parameter (round size or window); ``None`` for a method without one."""
+    predictor: CertaintyPredictor | None = None
+    """The predictive traversal's certainty predictor; ``None``: the paper's."""
     replica_key: str = ""
     """Chains with the same key use the same replica (default: the chain id)."""
 
@@ -261,8 +277,9 @@ class ChainSink(Protocol):
     def chain_done(self, outcome: ChainOutcome) -> None: ...
 
 
-ChainRunner = Callable[..., Awaitable[ChainResult]]
-"""``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, n_pf, seed, on_round)."""
+RunChain = Callable[..., Awaitable[ChainResult]]
+"""``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, n_pf, seed, on_round,
+predictor, budget)."""
 
 
 @dataclass(slots=True)
@@ -287,13 +304,18 @@ class Orchestrator:
         max_active_chains: int | None = None,
         max_failed_chains: int = 0,
         sinks: Sequence[ChainSink] = (),
-        runner: ChainRunner = run_chain,
+        runner: RunChain = run_chain,
         finish: Callable[[ChainOutcome], Awaitable[None]] | None = None,
     ) -> None:
         if not pools:
             raise ValueError("the orchestrator needs at least one engine")
         self.pools = dict(pools)
         self.limits = Limits(max_concurrency, {n: p.max_concurrency for n, p in pools.items()})
+        self.budgets = {
+            n: list(p.budgets)
+            or [SpeculationBudget(min(p.max_concurrency, max_concurrency)) for _ in p.replicas]
+            for n, p in pools.items()
+        }
         self.max_concurrency = max_concurrency
         self.max_active_chains = max_active_chains
         self.max_failed_chains = max_failed_chains
@@ -313,12 +335,17 @@ class Orchestrator:
         for sink in self.sinks:
             sink.chain_started(spec, replica)
         last_queue = 0.0
+        sink_error: list[Exception] = []
 
         def on_round(record: RoundRecord) -> None:
             nonlocal last_queue
             queued, last_queue = view.queue_s - last_queue, view.queue_s
-            for sink in self.sinks:
-                sink.round_done(spec, record, queued)
+            try:
+                for sink in self.sinks:
+                    sink.round_done(spec, record, queued)
+            except Exception as exc:
+                sink_error.append(exc)
+                raise
 
         start = time.perf_counter()
         try:
@@ -330,10 +357,16 @@ class Orchestrator:
                 n_pf=spec.n_pf,
                 seed=spec.seed,
                 on_round=on_round,
+                predictor=spec.predictor,
+                budget=self.budgets[spec.engine][replica],
             )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if sink_error:
+                # a sink could not keep the round (the disk is full): the job stops; it is
+                # not the chain's failure
+                raise sink_error[0] from None
             outcome.error = _describe_error(exc)
             logger.warning("chain %s failed: %s", spec.chain_id, outcome.error)
             logger.debug("chain %s traceback", spec.chain_id, exc_info=True)

@@ -1,10 +1,13 @@
-"""The plan of a job, plain data: arms (engine × traversal) and chains (prompt × chain × arm).
+"""The plan of a job: a validated config resolved into plain frozen data (:mod:`.planned`).
 
-Seeds are split from the root seed with numpy ``SeedSequence`` by (prompt, chain) so that every
-arm of a (prompt, chain) gets the same seed: ``sequential`` and ``crn`` then replay the same
-chain, and speedups compare identical work. Chains are ordered prompt by prompt and chain by
-chain with the arms interleaved (rotating which arm goes first), so machine drift hits all arms
-alike. The fingerprint is what a resumed run must agree on.
+Arms are engine × traversal, chains prompt × chain × arm. Seeds are split from the root seed with
+numpy ``SeedSequence`` by (prompt, chain) so that every arm of a (prompt, chain) gets the same
+seed: ``sequential`` and ``crn`` then replay the same chain, and speedups compare identical work.
+Chains are ordered prompt by prompt and chain by chain with the arms interleaved (rotating which
+arm goes first), so machine drift hits all arms alike. The fingerprint is what a resumed run must
+agree on. The plan does no file I/O: the prompts are handed to it (the faces read them,
+:func:`~presto_client.orchestration.loading.load_prompts`), and what is finished in a run
+directory is the run directory's answer (:meth:`RunDir.finished_chains`).
 """
 
 from __future__ import annotations
@@ -12,64 +15,28 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from presto_client import defaults
-from presto_client.core.sampler_config import arm_traversal_names
+from presto_client.core.methods import arm_traversal_names
+from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import (
-    EmbeddedEngineConfig,
-    HttpEngineConfig,
-    JobConfig,
+from presto_client.orchestration.config import JobConfig
+from presto_client.orchestration.loading import redacted_dump
+from presto_client.orchestration.planned import (
+    Arm,
+    JobPlan,
+    JobSettings,
+    PlannedChain,
+    PlannedEngine,
     Prompt,
 )
-from presto_client.orchestration.loading import load_prompts
-from presto_client.orchestration.rundir import finished_ok, read_jsonl
-from presto_client.urls import redact_url
+from presto_client.orchestration.predictor_file import load_predictor, predictor_fingerprint
 
-
-@dataclass(frozen=True, slots=True)
-class Arm:
-    arm: str
-    engine: str
-    traversal: str
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedChain:
-    chain_id: str
-    arm: Arm
-    prompt_index: int
-    chain_index: int
-    seed: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "chain_id": self.chain_id,
-            "arm": self.arm.arm,
-            "engine": self.arm.engine,
-            "traversal": self.arm.traversal,
-            "prompt_index": self.prompt_index,
-            "chain_index": self.chain_index,
-            "seed": self.seed,
-        }
-
-
-@dataclass(slots=True)
-class JobPlan:
-    config: JobConfig
-    prompts: list[Prompt]
-    arms: list[Arm]
-    chains: list[PlannedChain]
-    fingerprint: dict[str, Any]
-
-    @property
-    def output_dir(self) -> Path:
-        return Path(self.config.output_dir or Path("runs") / (self.config.name or "job"))
+__all__ = ["Arm", "JobPlan", "PlannedChain", "describe_plan", "make_plan"]
 
 
 def chain_seed(root: int, prompt_index: int, chain_index: int) -> int:
@@ -110,23 +77,26 @@ def _prompts_digest(prompts: Sequence[Prompt]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]:
+def job_fingerprint(
+    cfg: JobConfig, prompts: Sequence[Prompt], predictor: CertaintyPredictor | None = None
+) -> dict[str, Any]:
     """What defines the work of a chain: a resumed run must agree on all of it.
 
     Traversals and engines may be added to a run directory later (new arms); an engine already
-    there must keep its kind and model.
+    there must keep its kind and model. A refit predictor enters as its coefficients.
     """
-    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals"})
+    sampler = cfg.sampler.model_dump(mode="json", exclude={"traversals", "predictor"})
+    if not sampler["options"]:
+        del sampler["options"]  # (the fingerprint of a sampler without options, as it always was)
+    if predictor is not None:  # (absent otherwise: the fingerprint of a job without one)
+        sampler["predictor"] = predictor_fingerprint(predictor)
     engines: dict[str, Any] = {}
     for e in cfg.engines:
-        model: str | None
-        if isinstance(e, HttpEngineConfig):
-            model = e.model
-        elif isinstance(e, EmbeddedEngineConfig):
-            model = f"{defaults.EMBEDDED_MODEL}:{e.dtype}"
-        else:
-            model = f"reference:{e.vocab_size}:{e.model_seed}:{e.logit_scale}:{e.top_k}"
-        engines[str(e.name)] = {"kind": e.kind, "model": model, "eos_token_id": e.eos_token_id}
+        engines[str(e.name)] = {
+            "kind": e.kind,
+            "model": e.fingerprint_model(),
+            "eos_token_id": e.eos_token_id,
+        }
     return {
         "sampler": sampler,
         "seed": cfg.seed,
@@ -143,14 +113,16 @@ def job_fingerprint(cfg: JobConfig, prompts: Sequence[Prompt]) -> dict[str, Any]
 
 def make_plan(
     cfg: JobConfig,
+    prompts: Sequence[Prompt],
     *,
     engines: Sequence[str] | None = None,
     traversals: Sequence[str] | None = None,
-    prompts: Sequence[Prompt] | None = None,
 ) -> JobPlan:
-    """The chains of a job, in run order (arms interleaved chain by chain)."""
-    plist = list(prompts) if prompts is not None else load_prompts(cfg)
+    """The job resolved: its engines, samplers and settings as plain data, and its chains in run
+    order (arms interleaved chain by chain)."""
+    plist = tuple(prompts)
     arms = make_arms(cfg, engines=engines, traversals=traversals)
+    samplers = engine_samplers(cfg)
     chains: list[PlannedChain] = []
     n = len(arms)
     for p in plist:
@@ -159,27 +131,68 @@ def make_plan(
             shift = (p.index * cfg.chains_per_prompt + c) % n
             for arm in arms[shift:] + arms[:shift]:
                 cid = f"{arm.arm}/p{p.index:04d}/c{c:03d}"
-                chains.append(PlannedChain(cid, arm, p.index, c, seed))
-    return JobPlan(cfg, plist, arms, chains, job_fingerprint(cfg, plist))
+                size = cfg.sampler.method_size(arm.traversal)
+                sampler = samplers[arm.engine]
+                chains.append(PlannedChain(cid, arm, p.index, c, seed, size, sampler))
+    predictor = load_predictor(cfg.sampler.predictor) if cfg.sampler.predictor else None
+    return JobPlan(
+        settings=job_settings(cfg, len(chains)),
+        prompts=plist,
+        engines=planned_engines(cfg),
+        arms=tuple(arms),
+        chains=tuple(chains),
+        fingerprint=job_fingerprint(cfg, plist, predictor),
+        samplers=samplers,
+        predictor=predictor,
+    )
 
 
-def describe_plan(plan: JobPlan, finished: int = 0) -> str:
-    """What a job would run, in words (``presto validate``)."""
-    cfg = plan.config
-    s = cfg.sampler
-    lines = [f"job {cfg.name}: {len(plan.chains)} chain(s) -> {plan.output_dir}"]
+def engine_samplers(cfg: JobConfig) -> dict[str, SamplerConfig]:
+    """The plain :class:`SamplerConfig` of each engine: the job's sampler with the engine's EOS
+    (a config error names the sampler's field)."""
+    out: dict[str, SamplerConfig] = {}
     for e in cfg.engines:
-        if isinstance(e, HttpEngineConfig):
-            where = ", ".join(redact_url(u) for u in e.urls)
-            extra = f" model={e.model or '(from server)'} logprob_mode={e.logprob_mode}"
-        elif isinstance(e, EmbeddedEngineConfig):
-            where = "embedded CPU server (started by presto)"
-            extra = f" model={defaults.EMBEDDED_MODEL} dtype={e.dtype}"
-        else:
-            where = "in-process reference model"
-            extra = f" vocab={e.vocab_size} top_k={e.top_k}"
+        try:
+            out[str(e.name)] = cfg.sampler.to_sampler_config(e.resolved_eos_token_id())
+        except ValueError as exc:
+            raise ConfigError(f"sampler: {exc}") from None
+    return out
+
+
+def planned_engines(cfg: JobConfig) -> dict[str, PlannedEngine]:
+    """Every engine of the config as plain data, in the config's order."""
+    return {str(e.name): e.planned(i) for i, e in enumerate(cfg.engines)}
+
+
+def job_settings(cfg: JobConfig, num_chains: int) -> JobSettings:
+    """The job-wide settings of ``cfg`` (the failure budget resolved for ``num_chains``)."""
+    s = cfg.sampler
+    return JobSettings(
+        name=cfg.name,
+        output_dir=Path(cfg.output_dir or Path("runs") / (cfg.name or "job")),
+        chains_per_prompt=cfg.chains_per_prompt,
+        seed=cfg.seed,
+        max_concurrency=cfg.max_concurrency,
+        max_active_chains=cfg.max_active_chains,
+        failure_budget=cfg.failure_budget(num_chains),
+        sampler_name=s.sampler,
+        block_size=s.block_size,
+        num_blocks=s.num_blocks,
+        steps_per_block=s.steps_per_block,
+        chat_template=cfg.prompts.chat_template,
+        system_prompt=cfg.prompts.system_prompt,
+        grader=cfg.grader.to_spec() if cfg.grader is not None else None,
+        resolved_config=redacted_dump(cfg),
+    )
+
+
+def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
+    """What the job of ``cfg`` would run, as planned, in words (``presto validate``)."""
+    s = cfg.sampler
+    lines = [f"job {plan.settings.name}: {len(plan.chains)} chain(s) -> {plan.output_dir}"]
+    for e in plan.engines.values():
         lines.append(
-            f"  engine {e.name} [{e.kind}] {where};{extra} max_concurrency={e.max_concurrency}"
+            f"  engine {e.name} [{e.kind}] {e.description} max_concurrency={e.max_concurrency}"
         )
     tau = s.tau if s.tau is not None else 1 / s.alpha
     lines.append(
@@ -192,18 +205,12 @@ def describe_plan(plan: JobPlan, finished: int = 0) -> str:
         f"  {len(plan.prompts)} prompt(s) x {cfg.chains_per_prompt} chain(s) x "
         f"{len(plan.arms)} arm(s) = {len(plan.chains)} chain(s); root seed {cfg.seed}"
     )
+    j = plan.settings
     lines.append(
-        f"  at most {cfg.max_concurrency} request(s) in flight, "
-        f"{cfg.max_active_chains or cfg.max_concurrency} chain(s) at once, failure budget "
-        f"{cfg.failure_budget(len(plan.chains))}"
+        f"  at most {j.max_concurrency} request(s) in flight, "
+        f"{j.max_active_chains or j.max_concurrency} chain(s) at once, failure budget "
+        f"{j.failure_budget}"
     )
     if finished:
         lines.append(f"  {finished} chain(s) already finished in {plan.output_dir} (resume)")
     return "\n".join(lines)
-
-
-def pending_engines(plan: JobPlan) -> list[str]:
-    """Engines with chains still to run in the plan's output directory (read-only peek)."""
-    path = plan.output_dir / "samples.jsonl"
-    done = finished_ok(read_jsonl(path)) if path.exists() else {}
-    return sorted({c.arm.engine for c in plan.chains if c.chain_id not in done})

@@ -1,4 +1,4 @@
-"""Answer quality per arm (issue 11): grading finished chains and summarising the grades.
+"""Answer quality per arm: grading finished chains and summarising the grades.
 
 A chain is graded once, when it finishes (:class:`ChainGrader`, used by the job's sink); its
 ``grade`` (``correct``, ``extracted``) is stored in its samples.jsonl line, so a resumed run never
@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from presto_client.orchestration.eval_stats import accuracy, mcnemar, mean_pass_at_k
-from presto_client.orchestration.grading import GraderConfig, GraderFn, build_grader
+from presto_client.orchestration.grading import GraderFn, build_grader
+from presto_client.orchestration.planned import GraderSpec
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 class ChainGrader:
     """Grades finished chains against their prompt's reference answer."""
 
-    def __init__(self, config: GraderConfig, answers: Mapping[int, str | None]) -> None:
+    def __init__(self, config: GraderSpec, answers: Mapping[int, str | None]) -> None:
         self.config = config
         self.fn: GraderFn = build_grader(config)
         self.answers = dict(answers)
@@ -108,7 +109,7 @@ def quality_summary(
 
 
 def make_chain_grader(
-    config: GraderConfig | None, answers: Mapping[int, str | None]
+    config: GraderSpec | None, answers: Mapping[int, str | None]
 ) -> ChainGrader | None:
     """The job's grader (None without a ``grader``); raises ValueError for a bad python grader."""
     if config is None:

@@ -23,23 +23,45 @@ finished is re-planned), or whose finished chains ran on an engine that now serv
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import logging
 import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
 from presto_client.errors import ConfigError, PrestoError
+from presto_client.orchestration.run_files import (
+    AppendFile,
+    RunDirWriteError,
+    atomic_write_text,
+    dumps,
+    finished_ok,
+    iter_chain_records,
+    json_default,
+    latest_by_chain,
+    read_jsonl,
+    rows_to_csv,
+)
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RunDir",
+    "RunDirWriteError",
+    "atomic_write_text",
+    "check_output_dir",
+    "finished_ok",
+    "iter_chain_records",
+    "latest_by_chain",
+    "read_jsonl",
+    "rows_to_csv",
+]
 
 CONFIG_FILE = "config.resolved.yaml"
 RUN_FILE = "run.json"
@@ -123,66 +145,10 @@ _TMP_NAME = re.compile(r"\..+\.\d+\.tmp")
 """The temporaries of :func:`atomic_write_text`: ``.<file name>.<pid>.tmp``."""
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file; a truncated or corrupt line is skipped with a warning."""
-    if not path.exists():
-        return []
-    rows: list[dict[str, Any]] = []
-    with path.open("r", encoding="utf-8", errors="replace") as fh:
-        lines = fh.read().split("\n")
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            last = lineno >= len(lines) - 1
-            logger.warning(
-                "%s:%d: skipping %s line", path, lineno, "a truncated last" if last else "a corrupt"
-            )
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def _dumps(row: Mapping[str, Any]) -> str:
-    return json.dumps(row, separators=(",", ":"), allow_nan=False, default=_json_default)
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy scalars
-        return obj.item()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
-
-
-def latest_by_chain(samples: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The last sample line of every chain id."""
-    out: dict[str, dict[str, Any]] = {}
-    for row in samples:
-        cid = row.get("chain_id")
-        if isinstance(cid, str):
-            out[cid] = dict(row)
-    return out
-
-
-def finished_ok(samples: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The chains whose last sample line says they finished without error."""
-    return {cid: row for cid, row in latest_by_chain(samples).items() if row.get("status") == "ok"}
+def _ours(name: str) -> bool:
+    """Whether a file in a directory without ``run.json`` may be left by a session of ours that
+    died before writing it (the lock, a temporary), so the directory is still a new run's."""
+    return name == LOCK_FILE or bool(_TMP_NAME.fullmatch(name))
 
 
 class RunDir:
@@ -190,8 +156,8 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._records: IO[str] | None = None
-        self._samples: IO[str] | None = None
+        self._records: AppendFile | None = None
+        self._samples: AppendFile | None = None
         self._samples_synced = float("-inf")
         self.finished: dict[str, dict[str, Any]] = {}
         self.session = 0
@@ -203,6 +169,9 @@ class RunDir:
         self._fresh_run = False
         self._wrote = False
         self.removed = False
+        self.write_error: RunDirWriteError | None = None
+        """The first write that failed: every later write raises it again (the session is
+        over; a rerun resumes)."""
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -231,6 +200,11 @@ class RunDir:
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / METRICS_FILE)
 
+    def finished_chains(self) -> dict[str, dict[str, Any]]:
+        """The chains finished ok, by chain id (read-only; empty for a directory not yet run)."""
+        path = self.path / SAMPLES_FILE
+        return finished_ok(read_jsonl(path)) if path.exists() else {}
+
     def resolved_config(self) -> dict[str, Any]:
         try:
             data = yaml.safe_load((self.path / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -248,7 +222,7 @@ class RunDir:
         Raises :class:`ConfigError` otherwise.
         """
         if not self.exists():
-            if self.path.is_dir() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
+            if self.path.is_dir() and any(not _ours(p.name) for p in self.path.iterdir()):
                 raise ConfigError(
                     f"{self.path} exists and is not a run directory; choose another --output"
                 )
@@ -292,7 +266,10 @@ class RunDir:
         try:
             return self._open_locked(fingerprint, resolved_config, chains)
         except BaseException:
-            self._unlock()
+            if self._fresh_run:
+                self._remove_unused_run()  # (else a rerun finds a directory it refuses)
+            else:
+                self._unlock()
             raise
 
     def _open_locked(
@@ -329,12 +306,12 @@ class RunDir:
             sessions=sessions,
             chains=list(known.values()),
         )
-        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default))
+        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=json_default))
         atomic_write_text(
             self.path / CONFIG_FILE, yaml.safe_dump(dict(resolved_config), sort_keys=False)
         )
-        self._records = (self.path / RECORDS_FILE).open("a", encoding="utf-8")
-        self._samples = (self.path / SAMPLES_FILE).open("a", encoding="utf-8")
+        self._records = AppendFile(self.path / RECORDS_FILE)
+        self._samples = AppendFile(self.path / SAMPLES_FILE)
         return self.finished
 
     def _remove_stale_temporaries(self) -> None:
@@ -378,8 +355,8 @@ class RunDir:
         finished = finished_ok(read_jsonl(samples_path))
         records = [r for r in read_jsonl(records_path) if r.get("chain_id") in finished]
         dropped = len(latest_by_chain(read_jsonl(samples_path))) - len(finished)
-        atomic_write_text(samples_path, "".join(_dumps(r) + "\n" for r in finished.values()))
-        atomic_write_text(records_path, "".join(_dumps(r) + "\n" for r in records))
+        atomic_write_text(samples_path, "".join(dumps(r) + "\n" for r in finished.values()))
+        atomic_write_text(records_path, "".join(dumps(r) + "\n" for r in records))
         logger.info(
             "resuming %s: %d chain(s) finished, %d failed chain(s) to retry",
             self.path,
@@ -419,56 +396,83 @@ class RunDir:
                 "choose another --output"
             )
         info[ENGINE_IDENTITY] = stored
-        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default))
+        atomic_write_text(self.path / RUN_FILE, json.dumps(info, indent=1, default=json_default))
 
     # --- writing --------------------------------------------------------------------------------
+
+    def _writing(self) -> None:
+        if self.write_error is not None:
+            raise self.write_error
+        self._wrote = True
+
+    def _failed(self, exc: RunDirWriteError) -> RunDirWriteError:
+        if self.write_error is None:
+            self.write_error = exc
+        return exc
 
     def append_record(self, row: Mapping[str, Any]) -> None:
         if self._records is None:
             raise RuntimeError("run directory not opened")
-        self._wrote = True
-        self._records.write(_dumps(row) + "\n")
-        self._records.flush()
+        self._writing()
+        try:
+            self._records.write(dumps(row) + "\n")
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def append_sample(self, row: Mapping[str, Any]) -> None:
-        """One finished chain: written and flushed at once (a killed process loses nothing);
-        fsynced at most every :data:`SAMPLES_FSYNC_S` and at close, not per chain (an fsync
-        blocks the event loop for milliseconds; with thousands of chains that was the loop's
-        time). An OS crash can lose the last second of samples: those chains rerun on resume,
-        from their seeds, and a truncated last line is tolerated."""
+        """One finished chain: written at once (a killed process loses nothing), as one whole
+        line (a line that does not fit on the disk is cut off again); fsynced at most every
+        :data:`SAMPLES_FSYNC_S` and at close, not per chain (an fsync blocks the event loop for
+        milliseconds; with thousands of chains that was the loop's time). An OS crash can lose
+        the last second of samples: those chains rerun on resume, from their seeds, and a
+        truncated last line is tolerated."""
         if self._samples is None:
             raise RuntimeError("run directory not opened")
-        self._wrote = True
-        self._samples.write(_dumps(row) + "\n")
-        self._samples.flush()
-        now = time.monotonic()
-        if now - self._samples_synced >= SAMPLES_FSYNC_S:
-            os.fsync(self._samples.fileno())
-            self._samples_synced = now
+        self._writing()
+        try:
+            self._samples.write(dumps(row) + "\n")
+            now = time.monotonic()
+            if now - self._samples_synced >= SAMPLES_FSYNC_S:
+                self._samples.fsync()
+                self._samples_synced = now
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
-        self._wrote = True
-        with (self.path / METRICS_FILE).open("a", encoding="utf-8") as fh:
-            fh.write(_dumps({"session": self.session, **row}) + "\n")
+        self._writing()
+        try:
+            fh = AppendFile(self.path / METRICS_FILE)
+            try:
+                fh.write(dumps({"session": self.session, **row}) + "\n")
+            finally:
+                fh.close()
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def write_summary(self, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
         """``summary.json`` (everything) and ``summary.csv`` (one row per arm), atomically."""
-        self._wrote = True
-        atomic_write_text(
-            self.path / SUMMARY_JSON,
-            json.dumps(summary, indent=1, default=_json_default, allow_nan=False) + "\n",
-        )
-        atomic_write_text(self.path / SUMMARY_CSV, rows_to_csv(rows))
+        self._writing()
+        try:
+            atomic_write_text(
+                self.path / SUMMARY_JSON,
+                json.dumps(summary, indent=1, default=json_default, allow_nan=False) + "\n",
+            )
+            atomic_write_text(self.path / SUMMARY_CSV, rows_to_csv(rows))
+        except RunDirWriteError as exc:
+            raise self._failed(exc) from None
 
     def close(self, *, completed: bool = False) -> None:
         for fh in (self._records, self._samples):
-            if fh is not None and not fh.closed:
-                fh.flush()
-                if fh is self._samples:
-                    with contextlib.suppress(OSError):
-                        os.fsync(fh.fileno())
+            if fh is not None:
+                if fh is self._samples and self.write_error is None:
+                    with contextlib.suppress(RunDirWriteError):
+                        fh.fsync()
                 fh.close()
         self._records = self._samples = None
+        if self.write_error is not None:
+            # the disk refused a write: leave run.json as it is (a rerun resumes from it)
+            self._unlock()
+            return
         if self._fresh_run and not self._wrote and not completed and self._lock_fh is not None:
             self._remove_unused_run()
             return
@@ -480,9 +484,9 @@ class RunDir:
                     sessions[-1]["finished"] = time.time()
                     sessions[-1]["completed"] = completed
                 atomic_write_text(
-                    self.path / RUN_FILE, json.dumps(info, indent=1, default=_json_default)
+                    self.path / RUN_FILE, json.dumps(info, indent=1, default=json_default)
                 )
-            except (PrestoError, OSError) as exc:  # never mask the error that closes a session
+            except PrestoError as exc:  # never mask the error that closes a session
                 logger.warning("could not update %s: %s", self.path / RUN_FILE, exc)
         self._unlock()
 
@@ -506,30 +510,3 @@ class RunDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    columns: list[str] = []
-    for row in rows:
-        for key in row:
-            if key not in columns:
-                columns.append(key)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
-    return buf.getvalue()
-
-
-def iter_chain_records(
-    records: Iterable[Mapping[str, Any]], chain_ids: set[str] | None = None
-) -> Iterator[tuple[str, list[Mapping[str, Any]]]]:
-    """Records grouped by chain id (in file order), optionally only for ``chain_ids``."""
-    grouped: dict[str, list[Mapping[str, Any]]] = {}
-    for r in records:
-        cid = r.get("chain_id")
-        if not isinstance(cid, str) or (chain_ids is not None and cid not in chain_ids):
-            continue
-        grouped.setdefault(cid, []).append(r)
-    yield from grouped.items()

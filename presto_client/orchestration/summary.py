@@ -24,13 +24,12 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from presto_client.core.sampler_config import BASELINE_TRAVERSALS, TRAVERSALS
+from presto_client.core.methods import METHODS, SEQUENTIAL, replaying_names, traversal_names
 from presto_client.orchestration.rundir import RunDir, latest_by_chain
 
 logger = logging.getLogger(__name__)
 
-BASELINE = "sequential"
-REPLAYING = ("crn", "stream")
+BASELINE = SEQUENTIAL
 """Traversals that use the transition-keyed draws, so replay the baseline's chain exactly."""
 
 _SUM_KEYS = (
@@ -177,22 +176,57 @@ def _arm_sort_key(arm: Mapping[str, Any], engine_order: Sequence[str]) -> tuple[
     engine = str(arm.get("engine", ""))
     traversal = str(arm.get("traversal", ""))
     e = engine_order.index(engine) if engine in engine_order else len(engine_order)
-    t = TRAVERSALS.index(traversal) if traversal in TRAVERSALS else len(TRAVERSALS)
+    order = traversal_names()  # (baselines after, by name)
+    t = order.index(traversal) if traversal in order else len(order)
     return (e, t, str(arm.get("arm")))
 
 
+def prefix_cache_delta(
+    before: Mapping[str, float], after: Mapping[str, float]
+) -> dict[str, float] | None:
+    """A session's prefix-cache queries and hits (the counters after minus before), or ``None``
+    when a counter went backwards: the server restarted during the session, and the difference
+    of two counter lifetimes means nothing (it was negative, and gave hit rates over 100%)."""
+    queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+    hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+    if queries < 0 or hits < 0:
+        return None
+    return {"queries": queries, "hits": min(hits, queries)}
+
+
+def _sizeless(traversal: str, baseline: str) -> bool:
+    """Whether an arm's method takes no size parameter (its ``n_pf`` means nothing)."""
+    method = METHODS.get(traversal)
+    return traversal == baseline or (method is not None and method.size == "none")
+
+
+def replays(traversal: str) -> bool:
+    """Whether ``traversal`` replays the sequential chain (the registry's word)."""
+    return traversal in replaying_names()
+
+
 def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Per engine: prefix-cache hits / queries over every session's counter deltas."""
+    """Per engine: prefix-cache hits / queries over every session's counter deltas (a delta
+    whose counters went backwards, which older runs wrote, is left out; the rate is at most 1)."""
     queries: dict[str, float] = {}
     hits: dict[str, float] = {}
     for row in metrics:
         engine = str(row.get("engine"))
-        if row.get("queries") is None:
+        q, h = row.get("queries"), row.get("hits")
+        if q is None or as_number(q) < 0 or as_number(h) < 0:
+            if q is not None:
+                logger.warning(
+                    "metrics of engine %s, session %s: negative prefix-cache counts (the "
+                    "server restarted?); left out of the hit rate",
+                    engine,
+                    row.get("session"),
+                )
             queries.setdefault(engine, 0.0)
             continue
-        queries[engine] = queries.get(engine, 0.0) + as_number(row.get("queries"))
-        hits[engine] = hits.get(engine, 0.0) + as_number(row.get("hits"))
-    return {e: _ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
+        queries[engine] = queries.get(engine, 0.0) + as_number(q)
+        hits[engine] = hits.get(engine, 0.0) + as_number(h)
+    rates = {e: _ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
+    return {e: None if r is None else min(max(r, 0.0), 1.0) for e, r in rates.items()}
 
 
 def summarize(
@@ -278,7 +312,7 @@ def summarize(
             "engine": engine,
             "sampler": first.get("sampler"),
             "traversal": traversal,
-            "n_pf": None if traversal in (baseline, *BASELINE_TRAVERSALS) else first.get("n_pf"),
+            "n_pf": None if _sizeless(traversal, baseline) else first.get("n_pf"),
             "chains_ok": len(ok),
             "chains_failed": sum(1 for r in rows if r.get("status") != "ok"),
             "calls": int(rounds),
@@ -325,7 +359,7 @@ def summarize(
             for metric, pairs in pooled_pairs.items()
         },
     }
-    # Graded runs only (issue 11): summaries of ungraded runs are unchanged.
+    # Graded runs only: summaries of ungraded runs are unchanged.
     from presto_client.orchestration.quality import quality_summary
 
     quality = quality_summary(latest.values(), baseline=baseline)

@@ -14,12 +14,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import JobConfig
+from presto_client.orchestration.config import JobConfig, Prompt
 from presto_client.orchestration.plan import Arm, JobPlan, make_plan
 from presto_client.orchestration.rundir import latest_by_chain
 from presto_client.orchestration.summary import as_number
 from presto_client.reporting.tables import (
-    format_side_by_side,
+    format_compact_side_by_side,
+    format_equivalence_details,
     format_speedup_per_prompt,
     render_table,
 )
@@ -27,12 +28,13 @@ from presto_client.reporting.tables import (
 
 def compare_plan(
     cfg: JobConfig,
+    prompts: Sequence[Prompt],
     *,
     engines: Sequence[str] | None = None,
     traversals: Sequence[str] | None = None,
 ) -> JobPlan:
     """The plan of a comparison; at least two arms."""
-    plan = make_plan(cfg, engines=engines, traversals=traversals)
+    plan = make_plan(cfg, prompts, engines=engines, traversals=traversals)
     if len(plan.arms) < 2:
         raise ConfigError(
             f"compare needs at least two arms, the job has {len(plan.arms)} "
@@ -80,24 +82,32 @@ def format_comparison(
     baseline: str | None = None,
 ) -> str:
     """Side-by-side table; with ``baseline``, a row of paired speedups against that arm."""
-    parts = [format_side_by_side(summary)]
+    parts = [format_compact_side_by_side(summary)]
+    details = format_equivalence_details(summary)
+    if details:
+        parts.append(details)
     if baseline is not None:
         ratios = paired_ratios(samples, baseline)
         arms = [str(a["arm"]) for a in summary.get("arms", [])]
-        cells = []
+        medians, ranges = [], []
         for arm in arms:
             r = ratios.get(arm)
-            cells.append(
-                "-" if r is None else f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
+            medians.append("-" if r is None else f"{r['median']:.2f}x")
+            ranges.append("-" if r is None else f"{r['min']:.2f}-{r['max']:.2f}")
+        parts.append(
+            render_table(
+                [f"speedup vs {baseline}", *arms],
+                [["paired, median", *medians], ["  range", *ranges]],
             )
-        parts.append(render_table([f"speedup vs {baseline}", *arms], [["(paired)", *cells]]))
+        )
     per_prompt = format_speedup_per_prompt(summary)
     if per_prompt:
         parts.append(per_prompt)
     shown = [str(a["arm"]) for a in summary.get("arms", [])]
     quality = {a: q for a, q in (summary.get("quality") or {}).items() if a in shown}
-    if quality:  # graded runs (issue 11)
+    if quality:  # graded runs only
         from presto_client.reporting.tables import format_quality_table
 
         parts.append("Answer quality (graded):\n" + format_quality_table(quality, shown))
+    parts.append("Every figure per arm and more: the run's summary.json and summary.csv.")
     return "\n\n".join(parts)

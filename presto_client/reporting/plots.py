@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from presto_client.errors import PrestoError
+from presto_client.orchestration.config import JobConfig
+from presto_client.orchestration.loading import load_prompts
 from presto_client.orchestration.rundir import RunDir, iter_chain_records, latest_by_chain
 from presto_client.orchestration.summary import as_number, summarize_run
+
+log = logging.getLogger(__name__)
 
 
 def _pyplot() -> Any:
@@ -63,9 +68,37 @@ def arm_colors(arms: Sequence[str]) -> dict[str, str]:
     return {arm: f"C{i % 10}" for i, arm in enumerate(arms)}
 
 
+PROMPT_LABEL_CHARS = 28
+"""How much of a prompt's text labels its bars (the whole prompt is in the run's files)."""
+
+
+def excerpt(text: str, limit: int = PROMPT_LABEL_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def prompt_labels(run: RunDir, indices: Sequence[int]) -> dict[int, str]:
+    """``"i: start of the prompt"`` per prompt index, from the run's resolved config (its text,
+    or its token ids); ``"prompt i"`` where the prompts cannot be read back (a moved file)."""
+    labels = {i: f"prompt {i}" for i in indices}
+    try:
+        cfg = JobConfig.model_validate(run.resolved_config())
+        prompts = load_prompts(cfg)
+    except (PrestoError, ValueError, OSError) as exc:
+        log.debug("prompt labels: prompts not readable from %s (%s)", run.path, exc)
+        return labels
+    for p in prompts:
+        if p.index in labels:
+            shown = p.text if p.text is not None else str(list(p.token_ids or ()))
+            labels[p.index] = f"{p.index}: {excerpt(shown)}"
+    return labels
+
+
 def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # "tight": a legend placed outside the axes is kept in the picture
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -121,6 +154,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
     sp_arms = [a for a in arms if per_prompt.get(a)]
     if sp_arms:
         prompts = sorted({int(p) for a in sp_arms for p in per_prompt[a]})
+        labels_by_prompt = prompt_labels(run, prompts)
         fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(prompts) * len(sp_arms) + 3), 4.5))
         width = 0.8 / len(sp_arms)
         for j, arm in enumerate(sp_arms):
@@ -128,16 +162,23 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
             bar_y = [per_prompt[arm].get(str(p), float("nan")) for p in prompts]
             ax.bar(bar_x, bar_y, width=width, label=arm, color=color[arm])
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(prompts)), [str(p) for p in prompts])
+        ax.set_xticks(
+            range(len(prompts)),
+            [labels_by_prompt[p] for p in prompts],
+            rotation=20 if len(prompts) > 1 else 0,
+            ha="right" if len(prompts) > 1 else "center",
+            fontsize="small",
+        )
         ax.set_xlabel("prompt")
         ax.set_ylabel("speedup over sequential (median over chains)")
         ax.set_title("Speedup per prompt")
-        ax.legend(fontsize="small")
+        # outside the axes, right of them: inside, it covers the bars of the first prompts
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arm")
         ax.grid(alpha=0.3, axis="y")
         path = out / "speedup_per_prompt.png"
         written.append(_save(plt, fig, path))
     quality = summary.get("quality")
-    if quality:  # graded runs (issue 11)
+    if quality:  # graded runs only
         written.append(
             plot_accuracy_vs_cost(plt, quality, arms, color, out / "accuracy_vs_cost.png")
         )

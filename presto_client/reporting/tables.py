@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, REPLAYING
+from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, replays
 
 
 def _fmt(value: Any, kind: str = "") -> str:
@@ -32,8 +33,9 @@ def _speedup_cell(arm: Mapping[str, Any]) -> str:
 
 
 def _same_cell(arm: Mapping[str, Any]) -> str:
-    # Only crn and stream replay the baseline's chain (same draws); the trees are exact in law only.
-    if arm.get("identical_to_baseline") is None or arm.get("traversal") not in REPLAYING:
+    # Only the replaying methods (crn, stream) run the baseline's chain; the trees are exact in law
+    # only.
+    if arm.get("identical_to_baseline") is None or not replays(str(arm.get("traversal"))):
         return "-"
     return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
 
@@ -179,6 +181,86 @@ def format_side_by_side(summary: Mapping[str, Any]) -> str:
     return render_table(header, rows)
 
 
+def short_equivalence_cell(test: Mapping[str, Any] | None) -> str:
+    """:func:`equivalence_cell`'s verdict alone (``yes``, ``no``, ``too few (n=6)``, ``n/a``)."""
+    full = equivalence_cell(test)
+    if full.startswith("too few prompts to tell"):
+        return f"too few (n={(test or {}).get('n')})"
+    return full.split(" ", 1)[0]
+
+
+_COMPACT: tuple[tuple[str, str, str], ...] = (
+    ("chains ok", "", "chains"),
+    ("model-call time, s", "model_call_time_s", "s"),
+    ("speedup vs sequential", "", "speedup"),
+    ("  range over prompts", "", "range"),
+    ("replays baseline", "", "same"),
+    ("calls", "calls", ""),
+    ("transitions per call", "transitions_per_call", ""),
+    ("requests used/issued", "", "requests"),
+    ("wasted requests", "wasted_share", "pct"),
+    ("acceptance rate", "acceptance_rate", "pct"),
+    ("eps-certain decisions", "eps_certain_share", "pct"),
+    ("tokens generated", "tokens_generated", ""),
+    ("prefix-cache hit rate", "prefix_cache_hit_rate", "pct"),
+    ("max drift, nats", "drift_max", "e"),
+)
+"""The rows of ``presto compare``'s table: what decides between arms, short enough that the table
+fits ~100 columns; every field is in summary.json / summary.csv."""
+
+
+def _compact_cell(arm: Mapping[str, Any], key: str, kind: str) -> str:
+    if kind == "chains":
+        failed = arm.get("chains_failed") or 0
+        return f"{arm.get('chains_ok')}" + (f" (+{failed} failed)" if failed else "")
+    if kind == "speedup":
+        if arm.get("speedup_median") is None:
+            return "base" if arm.get("traversal") == BASELINE else "-"
+        return f"{arm['speedup_median']:.2f}x"
+    if kind == "range":
+        if arm.get("speedup_median") is None:
+            return "-"
+        return f"{arm['speedup_min']:.2f}-{arm['speedup_max']:.2f}"
+    if kind == "same":
+        return _same_cell(arm)
+    if kind == "requests":
+        return f"{arm.get('requests_used')}/{arm.get('requests_issued')}"
+    return _fmt(arm.get(key), kind)
+
+
+def format_compact_side_by_side(summary: Mapping[str, Any]) -> str:
+    """``presto compare``'s table: arms as columns, the deciding metrics as rows, equivalence
+    verdicts only (:func:`format_equivalence_details` gives their numbers)."""
+    arms = summary.get("arms", [])
+    if not arms:
+        return "(no finished chains)"
+    header = ["", *(str(a["arm"]) for a in arms)]
+    rows = [[label, *(_compact_cell(a, key, kind) for a in arms)] for label, key, kind in _COMPACT]
+    for metric, label in EQUIVALENCE_METRICS:
+        tests = [(a.get("equivalence") or {}).get(metric) for a in arms]
+        if any(tests):
+            cells = [
+                "(base)" if a.get("traversal") == BASELINE and not t else short_equivalence_cell(t)
+                for a, t in zip(arms, tests, strict=True)
+            ]
+            rows.append([f"{label} equiv. (TOST)", *cells])
+    return render_table(header, rows)
+
+
+def format_equivalence_details(summary: Mapping[str, Any]) -> str:
+    """One line per arm and metric: the TOST's paired difference, 90% interval and margin."""
+    lines = []
+    for metric, label in EQUIVALENCE_METRICS:
+        for arm in summary.get("arms", []):
+            test = (arm.get("equivalence") or {}).get(metric)
+            if test:
+                lines.append(f"  {arm['arm']}, {label}: {equivalence_cell(test)}")
+    if not lines:
+        return ""
+    head = "Equivalence (TOST of the mean paired difference d, arm - baseline; 90% CI, margin):"
+    return "\n".join([head, *lines])
+
+
 def format_speedup_per_prompt(summary: Mapping[str, Any]) -> str:
     """Median speedup per prompt (rows) and arm (columns); empty when no baseline ran."""
     per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
@@ -248,3 +330,27 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
             ]
         )
     return render_table(header, rows)
+
+
+def runs_table_rows(path: Path, summary: Mapping[str, Any]) -> list[list[str]]:
+    """One run's arms as rows of :func:`format_runs_table` (``presto report`` of several runs)."""
+    rows = []
+    for arm in summary["arms"]:
+        med = arm.get("speedup_median")
+        tpc = arm.get("transitions_per_call")
+        rows.append(
+            [
+                str(path),
+                str(arm["arm"]),
+                str(arm["chains_ok"]),
+                "-" if tpc is None else f"{tpc:.2f}",
+                f"{arm['model_call_time_s']:.2f}",
+                "-" if med is None else f"{med:.2f}x",
+            ]
+        )
+    return rows
+
+
+def format_runs_table(rows: Sequence[Sequence[str]]) -> str:
+    """The arms of several runs side by side."""
+    return render_table(["run", "arm", "chains", "trans/call", "model time s", "speedup"], rows)

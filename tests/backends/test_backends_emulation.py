@@ -279,6 +279,8 @@ async def test_probe_wrong_model_and_unreachable(vllm_raw: EmulationServer) -> N
     with pytest.raises(EngineUnavailableError) as info:
         await eng.probe()
     assert f"127.0.0.1:{port}" in str(info.value) and "vllm_cpu.sh start" in str(info.value)
+    # the CPU test server's port is not the configs' 8000: the hint says where it listens
+    assert "port 8765" in str(info.value) and "base_url=http://127.0.0.1:8765" in str(info.value)
     await eng.aclose()
 
 

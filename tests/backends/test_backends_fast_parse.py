@@ -10,7 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.adapter import (
+from backends.completions import (
+    completion_logprobs_per_token,
+    fast_completion_logprobs,
+    parse_completion_logprobs,
+)
+from backends.parsing import (
     logprob_array,
     token_id_array,
     token_id_keys_array,
@@ -18,11 +23,6 @@ from backends.adapter import (
     topk_rows,
 )
 from backends.sglang import _fast_triples, _top_rows, _triples_per_token
-from backends.vllm import (
-    _fast_completion_logprobs,
-    _parse_completion_logprobs,
-    _parse_completion_logprobs_per_token,
-)
 from presto_client.errors import InvalidResponseError
 
 K = 20
@@ -68,9 +68,9 @@ def test_vllm_fast_path_equals_per_token(n: int, k: int) -> None:
     rng = random.Random(n * 100 + k)
     for _ in range(5):
         choice = vllm_choice(rng, n, k=min(k, 20))
-        fast = _fast_completion_logprobs(choice, k, expect=n)
+        fast = fast_completion_logprobs(choice, k, expect=n)
         assert fast is not None, "a well-formed block must take the fast path"
-        same(fast, _parse_completion_logprobs_per_token(choice, k, label="p", expect=n))
+        same(fast, completion_logprobs_per_token(choice, k, label="p", expect=n))
 
 
 def _outcome(fn: Any) -> Any:
@@ -129,9 +129,9 @@ def test_vllm_unusual_input_behaves_as_per_token(name: str, corrupt: Any) -> Non
     choice["logprobs"]["tokens"] = [f"token_id:{t}" for t in choice["token_ids"]]
     corrupt(choice)
     got = _outcome(
-        lambda: _parse_completion_logprobs(copy.deepcopy(choice), K, label="p 1", expect=4)
+        lambda: parse_completion_logprobs(copy.deepcopy(choice), K, label="p 1", expect=4)
     )
-    want = _outcome(lambda: _parse_completion_logprobs_per_token(choice, K, label="p 1", expect=4))
+    want = _outcome(lambda: completion_logprobs_per_token(choice, K, label="p 1", expect=4))
     assert got[0] == want[0]
     if got[0] == "error":
         assert got[1] == want[1]

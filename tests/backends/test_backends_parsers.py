@@ -11,23 +11,20 @@ import pytest
 from backend_helpers import FIXTURES
 
 from backends import EngineSpec
-from backends.adapter import (
-    TokenLogprobs,
-    error_message,
-    exact_from_full_rows,
-    exact_from_normalisers,
-    logprob_value,
-    scored_from_raw,
-    scored_from_scaled,
-    topk_rows,
-)
 from backends.metrics import parse_prometheus, prefix_cache_metrics
 from backends.openai_compat import OpenAICompatAdapter
+from backends.parsing import TokenLogprobs, error_message, logprob_value, topk_rows
 from backends.sglang import SglangAdapter
 from backends.vllm import VllmAdapter
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.core.logprob_math import exact_scores
 from presto_client.core.reference import ReferenceModel
+from presto_client.core.scoring import (
+    exact_from_full_rows,
+    exact_from_normalisers,
+    scored_from_raw,
+    scored_from_scaled,
+)
 from presto_client.errors import ConfigError, InvalidResponseError
 
 SPEC = ScoreSpec((0.25, 0.5, 1.0), entropy=True)

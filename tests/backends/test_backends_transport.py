@@ -1,31 +1,34 @@
-"""Transport: retries counted with sleeps patched out, errors, cancellation."""
+"""Transport: retries counted with sleeps patched out, errors, cancellation (over the
+in-memory pool; the bound on requests in flight is the aiohttp pool's: test_backends_pool)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
-import httpx
 import pytest
 
-from backends.transport import Transport, parse_retry_after
+from backends.pool import ConnectError
+from backends.retry import parse_retry_after
+from backends.transport import Transport
 from presto_client.concurrency import gather_or_fail
 from presto_client.errors import (
     EngineError,
     EngineRequestError,
     EngineUnavailableError,
 )
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 
 
 def make(handler: object, sleeps: list[float], **kw: object) -> Transport:
     async def sleep(seconds: float) -> None:
         sleeps.append(seconds)
 
-    transport = httpx.MockTransport(handler)  # type: ignore[arg-type]
+    transport = MemoryPool(handler)  # type: ignore[arg-type]
     return Transport(
         "http://engine:8000",
         engine_name="vllm@engine:8000",
-        transport=transport,
+        pool=transport,
         sleep=sleep,
         **kw,  # type: ignore[arg-type]
     )
@@ -34,12 +37,12 @@ def make(handler: object, sleeps: list[float], **kw: object) -> Transport:
 async def test_503_then_ok_is_retried() -> None:
     calls = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         nonlocal calls
         calls += 1
         if calls <= 2:
-            return httpx.Response(503, json={"error": {"message": "loading"}})
-        return httpx.Response(200, json={"ok": True})
+            return json_answer(503, {"error": {"message": "loading"}})
+        return json_answer(200, {"ok": True})
 
     sleeps: list[float] = []
     t = make(handler, sleeps, max_retries=3)
@@ -52,12 +55,12 @@ async def test_503_then_ok_is_retried() -> None:
 async def test_429_honours_retry_after() -> None:
     calls = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         nonlocal calls
         calls += 1
         if calls == 1:
-            return httpx.Response(429, headers={"Retry-After": "7"}, json={"error": "slow down"})
-        return httpx.Response(200, json=[1])
+            return json_answer(429, {"error": "slow down"}, {"Retry-After": "7"})
+        return json_answer(200, [1])
 
     sleeps: list[float] = []
     t = make(handler, sleeps)
@@ -70,11 +73,11 @@ async def test_400_is_not_retried_and_surfaces_the_server_message() -> None:
     calls = 0
     message = "Requested sample logprobs of 50, which is greater than max allowed: 20"
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         nonlocal calls
         calls += 1
         body = {"error": {"message": message, "type": "BadRequestError", "code": 400}}
-        return httpx.Response(400, json=body)
+        return json_answer(400, body)
 
     sleeps: list[float] = []
     t = make(handler, sleeps)
@@ -90,10 +93,10 @@ async def test_400_is_not_retried_and_surfaces_the_server_message() -> None:
 async def test_5xx_exhausts_retries() -> None:
     calls = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         nonlocal calls
         calls += 1
-        return httpx.Response(500, text="Internal Server Error")
+        return text_answer(500, "Internal Server Error")
 
     sleeps: list[float] = []
     t = make(handler, sleeps, max_retries=2)
@@ -107,10 +110,10 @@ async def test_5xx_exhausts_retries() -> None:
 async def test_connection_errors_become_unavailable_after_retries() -> None:
     calls = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         nonlocal calls
         calls += 1
-        raise httpx.ConnectError("connection refused", request=request)
+        raise ConnectError("connection refused")
 
     sleeps: list[float] = []
     t = make(handler, sleeps, max_retries=3, restart_window_s=5.0)  # (retried as a restart)
@@ -153,14 +156,14 @@ async def test_cancellation_propagates_and_aborts_the_request() -> None:
     started = asyncio.Event()
     aborted = asyncio.Event()
 
-    async def handler(request: httpx.Request) -> httpx.Response:
+    async def handler(request: Sent) -> Answer:
         started.set()
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
             aborted.set()
             raise
-        return httpx.Response(200, json={})
+        return json_answer(200, {})
 
     sleeps: list[float] = []
     t = make(handler, sleeps, max_retries=5)
@@ -170,24 +173,6 @@ async def test_cancellation_propagates_and_aborts_the_request() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert aborted.is_set() and sleeps == [] and t.retries == 0
-    await t.aclose()
-
-
-async def test_semaphore_bounds_in_flight_requests() -> None:
-    in_flight = 0
-    peak = 0
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.01)
-        in_flight -= 1
-        return httpx.Response(200, json={})
-
-    t = make(handler, [], max_concurrency=3)
-    await asyncio.gather(*[t.request_json("GET", "/x", label="p") for _ in range(10)])
-    assert peak == 3
     await t.aclose()
 
 

@@ -3,13 +3,13 @@ HTTP Basic auth, and refused together with an API key (both would use Authorizat
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from backends import EngineSpec, create_engine
 from backends.transport import Transport
 from presto_client.errors import ConfigError, EngineError
 from presto_client.urls import redact_text, redact_url, split_userinfo
+from tests.support.memory_pool import Answer, MemoryPool, Sent, text_answer
 
 SECRET_URL = "http://user:secret@engine:8000"
 
@@ -26,11 +26,11 @@ def test_redact_helpers() -> None:
 
 
 async def test_userinfo_is_basic_auth_and_never_in_messages() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[Sent] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         seen.append(request)
-        return httpx.Response(500, text="boom")
+        return text_answer(500, "boom")
 
     async def sleep(seconds: float) -> None:
         return None
@@ -38,7 +38,7 @@ async def test_userinfo_is_basic_auth_and_never_in_messages() -> None:
     t = Transport(
         SECRET_URL,
         engine_name="vllm@engine:8000",
-        transport=httpx.MockTransport(handler),
+        pool=MemoryPool(handler),
         sleep=sleep,
         max_retries=0,
     )

@@ -4,13 +4,14 @@ timeouts keep their few retries."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from backends.spec import EngineSpec
-from backends.transport import DEFAULT_RESTART_WINDOW_S, Transport
+from backends.pool import ConnectError, ReadTimeout
+from backends.spec import DEFAULT_RESTART_WINDOW_S, EngineSpec
+from backends.transport import Transport
 from presto_client.errors import EngineRequestError, EngineUnavailableError
 from presto_client.orchestration.config import HttpEngineConfig
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 
 
 def _transport(handler: object, sleeps: list[float], **kw: object) -> Transport:
@@ -20,7 +21,7 @@ def _transport(handler: object, sleeps: list[float], **kw: object) -> Transport:
     return Transport(
         "http://engine:8000",
         engine_name="e",
-        transport=httpx.MockTransport(handler),  # type: ignore[arg-type]
+        pool=MemoryPool(handler),  # type: ignore[arg-type]
         sleep=sleep,
         **kw,  # type: ignore[arg-type]
     )
@@ -37,12 +38,12 @@ def test_the_defaults_agree() -> None:
 async def test_a_restart_of_up_to_a_minute_is_ridden_out(outage_s: float) -> None:
     sleeps: list[float] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         if sum(sleeps) < outage_s:  # down (refused, then 503 while loading) for outage_s
             if sum(sleeps) < outage_s / 2:
-                raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-            return httpx.Response(503, json={"error": {"message": "loading"}})
-        return httpx.Response(200, json={"ok": 1})
+                raise ConnectError("[Errno 111] Connection refused")
+            return json_answer(503, {"error": {"message": "loading"}})
+        return json_answer(200, {"ok": 1})
 
     t = _transport(handler, sleeps)
     assert await t.request_json("POST", "/v1/completions", {}, label="p") == {"ok": 1}
@@ -52,8 +53,8 @@ async def test_a_restart_of_up_to_a_minute_is_ridden_out(outage_s: float) -> Non
 async def test_an_outage_longer_than_the_window_fails_after_it() -> None:
     sleeps: list[float] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    def handler(request: Sent) -> Answer:
+        raise ConnectError("[Errno 111] Connection refused")
 
     t = _transport(handler, sleeps, restart_window_s=20.0)
     with pytest.raises(EngineUnavailableError, match="connection refused"):
@@ -64,14 +65,14 @@ async def test_an_outage_longer_than_the_window_fails_after_it() -> None:
 
 async def test_4xx_fails_at_once_and_read_timeouts_keep_max_retries() -> None:
     sleeps: list[float] = []
-    t = _transport(lambda r: httpx.Response(400, json={"error": "bad"}), sleeps)
+    t = _transport(lambda r: json_answer(400, {"error": "bad"}), sleeps)
     with pytest.raises(EngineRequestError):
         await t.request_json("POST", "/v1/completions", {}, label="p")
     assert sleeps == []
     await t.aclose()
 
-    def timeout(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("", request=request)
+    def timeout(request: Sent) -> Answer:
+        raise ReadTimeout("")
 
     t = _transport(timeout, sleeps, max_retries=3)
     with pytest.raises(EngineUnavailableError, match="read timeout"):

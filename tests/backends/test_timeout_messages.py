@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import logging
 
-import httpx
 import pytest
 
+from backends.pool import ReadTimeout
 from backends.transport import Transport
 from presto_client.errors import EngineUnavailableError
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 
 
 async def test_read_timeout_names_the_limit_and_retries_give_their_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("", request=request)
+    def handler(request: Sent) -> Answer:
+        raise ReadTimeout("")
 
     async def sleep(seconds: float) -> None:
         return None
@@ -24,7 +25,7 @@ async def test_read_timeout_names_the_limit_and_retries_give_their_reason(
     t = Transport(
         "http://engine:8000",
         engine_name="vllm@engine:8000",
-        transport=httpx.MockTransport(handler),
+        pool=MemoryPool(handler),
         sleep=sleep,
         max_retries=2,
         request_timeout_s=42.0,
@@ -47,12 +48,12 @@ async def test_read_timeout_names_the_limit_and_retries_give_their_reason(
 async def test_retry_lines_give_the_http_status(caplog: pytest.LogCaptureFixture) -> None:
     calls = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: Sent) -> Answer:
         nonlocal calls
         calls += 1
         if calls == 1:
-            return httpx.Response(503, json={"error": {"message": "loading the model"}})
-        return httpx.Response(200, json={"ok": 1})
+            return json_answer(503, {"error": {"message": "loading the model"}})
+        return json_answer(200, {"ok": 1})
 
     async def sleep(seconds: float) -> None:
         return None
@@ -60,7 +61,7 @@ async def test_retry_lines_give_the_http_status(caplog: pytest.LogCaptureFixture
     t = Transport(
         "http://engine:8000",
         engine_name="e",
-        transport=httpx.MockTransport(handler),
+        pool=MemoryPool(handler),
         sleep=sleep,
     )
     with caplog.at_level(logging.WARNING, logger="backends.transport"):

@@ -3,7 +3,7 @@
 Registered at run time (:func:`backends.register_backend`) or declared as an entry point in the
 group ``presto_client.backends``, it is listed by the registry, accepted by a YAML job config and
 ``presto validate``, built by ``create_engine`` and driven by the shared HTTP engine (here over
-``httpx.MockTransport``: no network).
+an in-memory pool: no network).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import json
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import yaml
@@ -24,6 +23,7 @@ from presto_client.cli import main as cli_main
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import ConfigError
 from presto_client.orchestration.loading import load_job_config
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 from tests.support.toy_backend import ToyAdapter
 
 
@@ -49,18 +49,18 @@ def toy_entry_point(monkeypatch: pytest.MonkeyPatch):
     backends.registry._REGISTRY.pop("toy", None)
 
 
-def _toy_server(request: httpx.Request) -> httpx.Response:
-    body = json.loads(request.content)
-    assert request.url.path == "/toy/generate"
+def _toy_server(request: Sent) -> Answer:
+    body = json.loads(request.body)
+    assert request.path == "/toy/generate"
     n = body["n"]
     tokens = [(body["prompt"][-1] + 1 + i) % 5 for i in range(n)]
     top = [[[t, -0.5], [(t + 1) % 5, -1.5]] for t in tokens]
-    return httpx.Response(200, json={"tokens": tokens, "logprobs": [-0.5] * n, "top": top})
+    return json_answer(200, {"tokens": tokens, "logprobs": [-0.5] * n, "top": top})
 
 
 async def _generate_once(kind: str) -> None:
     spec = EngineSpec(kind, ("http://toy:1",), model="m", top_k=2, vocab_size=5)
-    engine = create_engine(spec, transport=httpx.MockTransport(_toy_server))
+    engine = create_engine(spec, pool=MemoryPool(_toy_server))
     try:
         request = ProposalRequest((1, 2), 3, 0.5, 7, ScoreSpec((0.5,)))
         (scored,) = await engine.generate([request])

@@ -4,12 +4,13 @@ connection suggests checking the URL and port before starting a server."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from backends import EngineSpec, create_engine
+from backends.pool import ConnectError
 from backends.transport import Transport
 from presto_client.errors import EngineError, EngineUnavailableError
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 
 HTML_501 = (
     '<!DOCTYPE HTML>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -22,11 +23,11 @@ HTML_501 = (
 HTML_404 = HTML_501.replace("501", "404").replace("Unsupported method ('POST')", "File not found")
 
 
-def http_server(request: httpx.Request) -> httpx.Response:
+def http_server(request: Sent) -> Answer:
     """What ``python -m http.server`` answers: 404 pages for GET, 501 pages for POST."""
     if request.method == "POST":
-        return httpx.Response(501, text=HTML_501, headers={"Content-Type": "text/html"})
-    return httpx.Response(404, text=HTML_404, headers={"Content-Type": "text/html"})
+        return text_answer(501, HTML_501, "text/html")
+    return text_answer(404, HTML_404, "text/html")
 
 
 def engine(handler: object, calls: list[float] | None = None) -> object:
@@ -35,7 +36,7 @@ def engine(handler: object, calls: list[float] | None = None) -> object:
             calls.append(seconds)
 
     spec = EngineSpec("vllm", ("http://box:8000",), model="m")
-    return create_engine(spec, transport=httpx.MockTransport(handler), sleep=sleep)  # type: ignore[arg-type]
+    return create_engine(spec, pool=MemoryPool(handler), sleep=sleep)  # type: ignore[arg-type]
 
 
 async def test_a_plain_http_server_fails_the_probe_as_a_wrong_url() -> None:
@@ -53,7 +54,7 @@ async def test_without_the_probe_a_501_is_not_retried_and_the_page_is_not_dumped
     t = Transport(
         "http://box:8000",
         engine_name="vllm@box:8000",
-        transport=httpx.MockTransport(http_server),
+        pool=MemoryPool(http_server),
         sleep=lambda s: sleeps.append(s) or _none(),  # type: ignore[arg-type,func-returns-value]
     )
     with pytest.raises(EngineError) as info:
@@ -71,8 +72,8 @@ async def _none() -> None:
 
 
 async def test_a_refused_connection_suggests_checking_the_url() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    def refuse(request: Sent) -> Answer:
+        raise ConnectError("[Errno 111] Connection refused")
 
     e = engine(refuse)
     with pytest.raises(EngineUnavailableError) as info:
@@ -85,10 +86,10 @@ async def test_a_refused_connection_suggests_checking_the_url() -> None:
 
 
 async def test_models_endpoint_missing_is_not_an_openai_server() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/health":
-            return httpx.Response(200, text="ok")
-        return httpx.Response(404, text=HTML_404, headers={"Content-Type": "text/html"})
+    def handler(request: Sent) -> Answer:
+        if request.path == "/health":
+            return text_answer(200, "ok")
+        return text_answer(404, HTML_404, "text/html")
 
     e = engine(handler)
     with pytest.raises(EngineError) as info:
@@ -96,3 +97,34 @@ async def test_models_endpoint_missing_is_not_an_openai_server() -> None:
     assert "not an OpenAI-compatible server" in str(info.value)
     assert len(str(info.value)) < 500
     await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_redirect_on_health_is_named_not_followed() -> None:
+    def redirecting(request: Sent) -> Answer:
+        return Answer(302, headers={"Location": "https://login.example/sso"}, reason="Found")
+
+    e = engine(redirecting)
+    with pytest.raises(EngineError) as info:
+        await e.probe()  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "HTTP 302" in text and "redirect to 'https://login.example/sso', not followed" in text
+    assert "still loading" not in text
+    await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_kind_sglang_against_a_vllm_server_names_the_dialect_that_answered() -> None:
+    def vllm_server(request: Sent) -> Answer:
+        if request.path == "/health":
+            return Answer(200)
+        if request.path == "/v1/models":
+            return json_answer(200, {"object": "list", "data": [{"id": "m"}]})
+        return json_answer(404, {"detail": "Not Found"})
+
+    spec = EngineSpec("sglang", ("http://box:8000",))
+    e = create_engine(spec, pool=MemoryPool(vllm_server))
+    with pytest.raises(EngineError) as info:
+        await e.probe()
+    text = str(info.value)
+    assert "model discovery: HTTP 404" in text
+    assert "/v1/models answers" in text and "kind: vllm" in text
+    await e.aclose()

@@ -1,7 +1,9 @@
-"""The layers of docs/architecture.md, checked: each package imports only the ones below it.
+"""The layers of docs/architecture.md, checked as allow-lists: each folder imports only the
+first-party modules its "may import" column names; any other first-party import is refused.
 
-Every ``import`` and ``from ... import`` of a package's modules (at any depth, lazy ones too) is
-read with :mod:`ast`; a module may not import a layer above its own.
+Every ``import`` and ``from ... import`` of a folder's modules (at any depth, lazy ones too,
+relative ones resolved) is read with :mod:`ast`. ``from pkg import name`` counts as importing
+``pkg.name`` when that is a module of its own (``from presto_client import defaults``).
 """
 
 from __future__ import annotations
@@ -12,60 +14,145 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+FIRST_PARTY = ("presto_client", "backends")
 
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    # the math and the engine protocol know no I/O layer
-    "presto_client/core": (
+# The shared leaves below every layer; they import nothing first-party.
+LEAVES = (
+    "presto_client.errors",
+    "presto_client.defaults",
+    "presto_client.urls",
+    "presto_client.concurrency",
+    "presto_client.terminal_text",
+)
+
+# An entry allows that module and everything under it; "=name" allows that module only (a
+# package's face, not its submodules).
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "presto_client/core": ("presto_client.core", "presto_client.errors"),
+    "backends": ("backends", "presto_client.core", *LEAVES),
+    "presto_client/orchestration": (
         "presto_client.orchestration",
-        "presto_client.reporting",
-        "presto_client.cli",
-        "presto_client.embedded",
-        "backends",
+        "presto_client.core",
+        "=backends",
+        "backends.registry",
+        "backends.spec",
+        *LEAVES,
     ),
-    # the dialects know the core, never the orchestration or the faces
-    "backends": ("presto_client.orchestration", "presto_client.reporting", "presto_client.cli"),
-    # the orchestration drives the core and the backends' registry, never a face
-    "presto_client/orchestration": ("presto_client.reporting", "presto_client.cli"),
-    "presto_client/reporting": ("presto_client.cli",),
-    # the embedded engine is a server: the client reaches it over HTTP only
-    "presto_client/embedded": (
-        "presto_client.orchestration",
+    "presto_client/reporting": (
         "presto_client.reporting",
-        "presto_client.cli",
-        "backends",
+        "presto_client.orchestration.summary",
+        "presto_client.orchestration.rundir",
+        "presto_client.orchestration.plan",
+        "presto_client.orchestration.config",
+        "presto_client.orchestration.loading",
+        *LEAVES,
     ),
+    "presto_client/embedded": ("presto_client.embedded", *LEAVES),
+    "presto_client/errors.py": (),
+    "presto_client/defaults.py": (),
+    "presto_client/urls.py": (),
+    "presto_client/concurrency.py": (),
+    "presto_client/terminal_text.py": (),
+}
+# The faces (cli.py, __init__.py, lm_eval_model.py) may import everything: not listed.
+
+# Today's imports that the doc does not allow, one by one, so that no new one slips in and each
+# is removed from here when it is fixed.
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
+    (
+        "presto_client/orchestration/engines.py",
+        "presto_client.embedded.launch",
+    ): "opening a job's engines starts the embedded server when no server is configured",
 }
 
 
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
 def _imports(path: Path) -> list[str]:
+    """Every first-party module ``path`` imports."""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package.pop()
     out: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             out.extend(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append(node.module)
-    return out
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                out.append(sub if _is_module(sub) else module)
+    return [name for name in out if name.split(".")[0] in FIRST_PARTY]
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_a_layer_imports_nothing_above_it(package: str) -> None:
-    files = sorted((ROOT / package).rglob("*.py"))
+def _allowed(name: str, allow: tuple[str, ...]) -> bool:
+    for entry in allow:
+        if entry.startswith("="):
+            if name == entry[1:]:
+                return True
+        elif name == entry or name.startswith(entry + "."):
+            return True
+    return False
+
+
+def _files(folder: str) -> list[Path]:
+    target = ROOT / folder
+    return [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
+
+
+def test_from_import_of_a_module_counts_as_that_module() -> None:
+    names = _imports(ROOT / "backends" / "spec.py")
+    assert "presto_client.defaults" in names
+    assert "presto_client" not in names
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_a_layer_imports_only_what_the_doc_allows(folder: str) -> None:
+    files = _files(folder)
     assert files
     bad = [
         f"{f.relative_to(ROOT)} imports {name}"
         for f in files
         for name in _imports(f)
-        if any(name == up or name.startswith(up + ".") for up in FORBIDDEN[package])
+        if not _allowed(name, ALLOWED[folder])
+        and (f.relative_to(ROOT).as_posix(), name) not in KNOWN_EXCEPTIONS
     ]
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.parametrize(("file", "name"), sorted(KNOWN_EXCEPTIONS))
+def test_a_known_exception_still_exists(file: str, name: str) -> None:
+    """An exception that was fixed is removed from the list, so that it cannot come back."""
+    assert name in _imports(ROOT / file)
+
+
 def test_test_doubles_and_benchmarks_are_not_imported_by_the_packages() -> None:
-    bad = [
-        f"{f.relative_to(ROOT)} imports {name}"
-        for package in ("presto_client", "backends")
-        for f in sorted((ROOT / package).rglob("*.py"))
-        for name in _imports(f)
-        if name.split(".")[0] in ("tests", "benchmarks")
-    ]
+    bad: list[str] = []
+    for package in FIRST_PARTY:
+        for f in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+                names: list[str] = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                bad.extend(
+                    f"{f.relative_to(ROOT)} imports {n}"
+                    for n in names
+                    if n.split(".")[0] in ("tests", "benchmarks")
+                )
     assert not bad, "\n".join(bad)

@@ -146,5 +146,3 @@ def test_predictor_branch_probabilities() -> None:
     # Late cuts (short suffixes) are more often accepted than early ones.
     assert predictor.branch_probability(0.95) > predictor.branch_probability(0.05)
     assert 0.0 <= predictor.branch_probability(0.0) <= 1.0
-    fitted = CertaintyPredictor.fit([0.1, 0.2, 0.8, 0.9, 0.5, 0.55], [1, 1, 0, 0, 2, 2])
-    assert fitted.branch_probability(0.9) > fitted.branch_probability(0.1)

@@ -84,6 +84,46 @@ def test_local_task_end_to_end_offline(tmp_path: Path, monkeypatch: pytest.Monke
         lm.loglikelihood([])
 
 
+def test_shipped_offline_task_and_end_markers_stripped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """configs/lm_eval's task loads offline; returned text stops at the chat end token."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(ROOT)  # the task's data file is relative to the repository root
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from presto_client import lm_eval_model
+
+    answers = {
+        json.loads(line)["prompt"]: json.loads(line)["answer"]
+        for line in (ROOT / "configs" / "arithmetic.jsonl").open()
+    }
+    seen: list[str] = []
+
+    def fake(cfg: Any, contexts: Sequence[str], **kwargs: Any) -> list[str]:
+        # what a chat model's chain returns: the answer, the end-of-turn token, then whatever
+        # the block went on to draw (here a wrong number that grading must never see)
+        seen.extend(contexts)
+        return [f"It is {answers[c]}.<|im_end|>\nsay 999" for c in contexts]
+
+    monkeypatch.setattr(lm_eval_model, "generate_texts", fake)
+    lm = lm_eval_model.register().create_from_arg_string(f"config={ROOT / 'configs/graded.yaml'}")
+    res = simple_evaluate(
+        model=lm,
+        tasks=["presto_arithmetic"],
+        task_manager=TaskManager(include_path=str(ROOT / "configs" / "lm_eval")),
+        limit=5,
+        log_samples=True,
+    )
+    assert res is not None
+    assert len(seen) == 5 and all(c in answers for c in seen)
+    assert res["results"]["presto_arithmetic"]["exact_match,last_number"] == pytest.approx(1.0)
+    responses = [s["resps"][0][0] for s in res["samples"]["presto_arithmetic"]]
+    assert responses and all(r.endswith(".") and "<|im_end|>" not in r for r in responses)
+
+
 @pytest.mark.embedded
 def test_cli_with_the_embedded_engine(tmp_path: Path) -> None:
     """`python -m presto_client.lm_eval_model --model presto ...` on the embedded engine."""

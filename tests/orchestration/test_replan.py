@@ -13,7 +13,7 @@ from orch_helpers import job_dict, make_config
 from presto_client.cli import main
 from presto_client.errors import ProbeError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 emulation = pytest.importorskip("tests.support.emulation")
 
@@ -28,11 +28,11 @@ async def test_a_run_that_died_at_the_probe_can_be_replanned(tmp_path: Path) -> 
     with emulation.EmulationServer("vllm", vocab_size=32, model_name="right") as server:
         wrong = make_config(run, engines=[_engine(server.base_url, "wrong")], **small)
         with pytest.raises(ProbeError, match="wrong"):
-            await run_job_async(make_plan(wrong))
+            await run_job_async(plan_of(wrong))
         # Nothing ran: no empty run directory is left behind (issue 10, item 16).
         assert not run.exists()
         fixed = make_config(run, engines=[_engine(server.base_url, "right")], **small)
-        result = await run_job_async(make_plan(fixed))
+        result = await run_job_async(plan_of(fixed))
     assert result.completed == 2 and result.failed == 0
 
 
@@ -43,7 +43,7 @@ async def test_a_dead_run_in_an_existing_folder_keeps_the_folder(tmp_path: Path)
     with emulation.EmulationServer("vllm", vocab_size=32, model_name="right") as server:
         wrong = make_config(run, engines=[_engine(server.base_url, "wrong")], **small)
         with pytest.raises(ProbeError, match="wrong"):
-            await run_job_async(make_plan(wrong))
+            await run_job_async(plan_of(wrong))
     assert run.is_dir() and list(run.iterdir()) == []
 
 

@@ -12,7 +12,7 @@ from orch_helpers import make_config
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 emulation = pytest.importorskip("tests.support.emulation")
 
@@ -30,14 +30,14 @@ def _config(run: Path, url: str, traversals: list[str]) -> object:
 async def test_resume_against_another_model_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with emulation.EmulationServer("vllm", vocab_size=32, model_name="model-a") as a:
-        result = await run_job_async(make_plan(_config(run, a.base_url, ["sequential"])))
+        result = await run_job_async(plan_of(_config(run, a.base_url, ["sequential"])))
     assert result.completed == 1
     info = json.loads((run / "run.json").read_text())
     identity = info["engine_identity"]["v"]
     assert identity["model"] == "model-a"
     assert identity["max_model_len"] == 1024 and identity["logprob_mode"] == "raw"
     with emulation.EmulationServer("vllm", vocab_size=32, model_name="model-b") as b:
-        plan = make_plan(_config(run, b.base_url, ["sequential", "crn"]))
+        plan = plan_of(_config(run, b.base_url, ["sequential", "crn"]))
         with pytest.raises(ConfigError, match="model-a") as err:
             await run_job_async(plan)
     assert "model-b" in str(err.value) and "model" in str(err.value)
@@ -48,7 +48,7 @@ async def test_resume_against_another_model_is_refused(tmp_path: Path) -> None:
 async def test_resume_against_the_same_engine_goes_on(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with emulation.EmulationServer("vllm", vocab_size=32, model_name="model-a") as a:
-        await run_job_async(make_plan(_config(run, a.base_url, ["sequential"])))
+        await run_job_async(plan_of(_config(run, a.base_url, ["sequential"])))
     with emulation.EmulationServer("vllm", vocab_size=32, model_name="model-a") as a2:
-        result = await run_job_async(make_plan(_config(run, a2.base_url, ["sequential", "crn"])))
+        result = await run_job_async(plan_of(_config(run, a2.base_url, ["sequential", "crn"])))
     assert result.completed == 1 and result.skipped == 1

@@ -10,7 +10,7 @@ from orch_helpers import job_dict
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.loading import redacted_dump, validate_job_config
-from presto_client.orchestration.plan import make_plan
+from tests.support.plans import plan_of
 
 
 def _config(tmp_path: Path, sampler: dict[str, object]):
@@ -35,7 +35,7 @@ def test_the_block_and_the_flat_form_are_the_same_job(
     b = _config(tmp_path, flat)
     assert a.sampler == b.sampler
     assert redacted_dump(a) == redacted_dump(b)
-    assert make_plan(a).fingerprint == make_plan(b).fingerprint
+    assert plan_of(a).fingerprint == plan_of(b).fingerprint
 
 
 def test_a_setting_of_another_sampler_is_refused(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_kind_at_the_top_of_the_sampler_section(tmp_path: Path) -> None:
     """``sampler: {kind: entropy_cut, beta: 4, alpha: 4}``: the issue's form."""
     a = _config(tmp_path, {"kind": "entropy_cut", "beta": 2.0, "alpha": 3.0})
     b = _config(tmp_path, {"sampler": "entropy_cut", "beta": 2.0, "alpha": 3.0})
-    assert a.sampler == b.sampler and make_plan(a).fingerprint == make_plan(b).fingerprint
+    assert a.sampler == b.sampler and plan_of(a).fingerprint == plan_of(b).fingerprint
     with pytest.raises(ConfigError, match="sampler 'entropy_cut' has no setting 'k_try'"):
         _config(tmp_path, {"kind": "entropy_cut", "k_try": 2})
     with pytest.raises(ConfigError, match="give kind or sampler, not both"):

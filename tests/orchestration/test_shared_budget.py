@@ -1,30 +1,67 @@
-"""The chains of a job share their engine's speculation budget (issue 9, item 3).
+"""The chains of an engine share the speculation budget its owner holds, handed in explicitly.
 
-The orchestrator gives every chain its own bounded view of an engine; a budget keyed by the view
-would be one per chain, blind to the others' load and never measured across chains (the demo's
-predictive rounds ran at full size because of it).
+The orchestrator gives every chain its own bounded view of an engine; the budget of a replica is
+held by the pool (made by whoever opened the engine) and passed to each chain's runner, so the
+chains on one replica measure one cost curve together and nothing is found in a global.
 """
 
 from __future__ import annotations
 
-from presto_client.core.engine_protocol import ConcurrencyBounded, EngineView
+from typing import Any
+
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.core.speculation import budget_for
-from presto_client.orchestration.orchestrator import FifoSemaphore, LimitedEngine
+from presto_client.core.speculation import SpeculationBudget
+from presto_client.orchestration.config import ReferenceEngineConfig
+from presto_client.orchestration.engines import OpenedEngine
+from presto_client.orchestration.orchestrator import ChainSpec, EnginePool, Orchestrator
+
+CONFIG = SamplerConfig(block_size=8, steps_per_block=6)
 
 
-async def test_views_of_one_engine_share_one_budget_sized_from_its_slots() -> None:
+def _specs(n: int) -> list[ChainSpec]:
+    return [
+        ChainSpec(f"c{i}", "ref/stream", "ref", "stream", CONFIG, 0, i, i, (1,), n_pf=4)
+        for i in range(n)
+    ]
+
+
+async def test_the_chains_of_a_replica_share_the_budget_its_owner_holds() -> None:
     engine = ReferenceEngine(ReferenceModel(10, seed=3))
-    slots, global_slots = FifoSemaphore(4), FifoSemaphore(8)
-    views = [LimitedEngine(engine, slots, global_slots) for _ in range(2)]
-    assert all(isinstance(v, EngineView) and v.shared_engine is engine for v in views)
-    assert all(isinstance(v, ConcurrencyBounded) and v.max_concurrency == 4 for v in views)
-    config = SamplerConfig(block_size=8, steps_per_block=6)
-    for seed, view in enumerate(views):
-        await run_chain(view, [1], config, traversal="stream", n_pf=4, seed=seed)
-    budget = budget_for(engine, None)
-    assert budget.capacity == 4 and budget.adaptive  # sized from the engine's slots
+    budget = SpeculationBudget(4)
+    seen: list[Any] = []
+
+    async def runner(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["budget"])
+        return await run_chain(*args, **kwargs)
+
+    pool = EnginePool("ref", [engine], 4, budgets=[budget])
+    await Orchestrator({"ref": pool}, max_concurrency=8, runner=runner).run(_specs(2))
+    assert seen == [budget, budget]
     assert budget._fit.count > 0  # both chains' streams were measured into the one budget
-    assert budget_for(views[0], None) is not budget  # (what the views would have had alone)
+
+
+async def test_a_pool_without_budgets_gets_one_per_replica_sized_from_its_bounds() -> None:
+    replicas = [ReferenceEngine(ReferenceModel(10, seed=3)) for _ in range(2)]
+    orchestrator = Orchestrator({"ref": EnginePool("ref", replicas, 4)}, max_concurrency=3)
+    budgets = orchestrator.budgets["ref"]
+    assert len(budgets) == 2 and budgets[0] is not budgets[1]
+    assert all(b.capacity == 3 and b.adaptive for b in budgets)
+
+
+def test_the_opened_engine_owns_one_budget_per_replica() -> None:
+    e = ReferenceEngineConfig(kind="reference", name="ref", max_concurrency=5)
+    replicas = [ReferenceEngine(ReferenceModel(4)) for _ in range(3)]
+    opened = OpenedEngine.of(e.planned(0), replicas, job_max_concurrency=64)
+    assert len(opened.budgets) == 3 and len({id(b) for b in opened.budgets}) == 3
+    assert all(b.capacity == 5 for b in opened.budgets)
+
+
+async def test_a_direct_call_without_a_budget_speculates_on_its_own() -> None:
+    engine = ReferenceEngine(ReferenceModel(10, seed=3))
+    budget = SpeculationBudget(None, adaptive=False)
+    with_budget = await run_chain(engine, [1], CONFIG, traversal="stream", budget=budget)
+    alone = await run_chain(engine, [1], CONFIG, traversal="stream")
+    assert with_budget.token_ids == alone.token_ids  # a budget changes the speed, not the chain
+    assert budget.peak_speculative > 0

@@ -5,6 +5,8 @@
   same content with a latency model).
 - :mod:`tests.support.exact_law`: enumerated transition laws of the three kernels (the exactness
   tests measure the samplers against them).
+- :mod:`tests.support.memory_pool`: an in-memory :class:`backends.pool.Pool` (a handler answers
+  each request), under the real transport of the backend tests.
 - :mod:`tests.support.toy_backend`: a complete third-party backend in one file (the example of
   docs/architecture.md), registered by the tests through the registry and an entry point.
 

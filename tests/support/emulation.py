@@ -16,7 +16,8 @@ vLLM (``/v1/completions``, ``/health``, ``/v1/models``, ``/metrics``):
   404; a stream's usage chunk only with ``stream_options.include_usage``; seeds honoured (same
   generator as ``ReferenceModel.sample``); multi-prompt
   requests share the seed; SSE streaming with one token per event; prefix-cache counters in
-  blocks of ``block_size`` tokens (prompt-logprob requests skip cache reads).
+  blocks of ``block_size`` tokens (prompt-logprob requests skip cache reads); with
+  ``tokenizer=True`` also ``/tokenize`` and ``/detokenize`` over a toy byte tokenizer.
 
 SGLang (``/generate``, ``/health``, ``/get_model_info``, ``/v1/models``, ``/metrics``):
   scaled output logprobs by default, raw with ``return_original_logprob=True`` (the
@@ -38,7 +39,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -93,6 +94,9 @@ class Faults:
     short_times: int = 0
     delay_s: float = 0.0
     """Sleep before answering (and between streamed events)."""
+    stall_streams: bool = False
+    """Streams (vLLM ``"stream": true``) send their headers, then only SSE keepalive comments,
+    forever: a stream that never ends (until the client closes it or the server stops)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def take(self, name: str) -> bool:
@@ -154,6 +158,7 @@ class EmulationServer:
         block_size: int = 16,
         max_model_len: int = 1024,
         masked_token_ids: Sequence[int] = (),
+        tokenizer: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -170,6 +175,7 @@ class EmulationServer:
         self.deterministic = deterministic
         self.block_size = block_size
         self.max_model_len = max_model_len
+        self.tokenizer = tokenizer
         self.faults = Faults()
         self.stats = Stats()
         self._cache_blocks: set[tuple[int, ...]] = set()
@@ -179,6 +185,8 @@ class EmulationServer:
         self._host = host
         self._port = port
         self._server: ThreadingHTTPServer | None = None
+        self.stopping = threading.Event()
+        """Set by :meth:`stop`: what a handler that would never end stops on."""
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle
@@ -196,6 +204,7 @@ class EmulationServer:
         return self.model.vocab_size
 
     def start(self) -> EmulationServer:
+        self.stopping.clear()
         handler = _make_handler(self)
         self._server = ThreadingHTTPServer((self._host, self._port), handler)
         self._server.daemon_threads = True
@@ -210,6 +219,7 @@ class EmulationServer:
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -348,6 +358,25 @@ class EmulationServer:
                 }
             ],
         }
+
+    def vllm_tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's ``/tokenize`` over a toy tokenizer: one token per UTF-8 byte (mod the
+        vocabulary) of the prompt, or of a chat request's turns as ``role: content`` lines."""
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages)
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            raise BadRequest("give a prompt or messages", param="prompt")
+        tokens = [b % self.vocab_size for b in text.encode()]
+        return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
+
+    def vllm_detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise BadRequest("tokens must be a list of token ids", param="tokens")
+        return {"prompt": "".join(_token_text(t) for t in tokens)}
 
     def vllm_validate(self, body: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
         model = body.get("model")
@@ -784,6 +813,13 @@ class EmulationServer:
         return body
 
 
+_TOKENIZER_PATHS: dict[str, Callable[[EmulationServer, dict[str, Any]], dict[str, Any]]] = {
+    "/tokenize": EmulationServer.vllm_tokenize,
+    "/detokenize": EmulationServer.vllm_detokenize,
+}
+"""Served only by an emulation started with ``tokenizer=True`` (others answer 404, as before)."""
+
+
 def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -822,7 +858,17 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
                 return None
             return data
 
+        def _stopped(self) -> bool:
+            """A stopped server answers nothing, not even on a connection kept alive from
+            before (the client sees the connection closed, as when a server goes down)."""
+            if server.stopping.is_set():
+                self.close_connection = True
+                return True
+            return False
+
         def do_GET(self) -> None:
+            if self._stopped():
+                return
             path = self.path.split("?")[0]
             server.stats.count(path, None)
             if path == "/health":
@@ -847,11 +893,19 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"Not Found: {path}")
 
         def do_POST(self) -> None:
+            if self._stopped():
+                return
             path = self.path.split("?")[0]
             body = self._read_json()
             if body is None:
                 return
             server.stats.count(path, body)
+            if server.tokenizer and server.dialect == "vllm" and path in _TOKENIZER_PATHS:
+                try:
+                    self._send(200, _TOKENIZER_PATHS[path](server, body))
+                except BadRequest as exc:
+                    self._error(exc.status, exc.message, exc.param)
+                return
             generation = (server.dialect == "vllm" and path == "/v1/completions") or (
                 server.dialect == "sglang" and path == "/generate"
             )
@@ -897,6 +951,11 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.close_connection = True
             try:
+                if server.faults.stall_streams:
+                    while not server.stopping.wait(0.1):
+                        self.wfile.write(b": keepalive\n\n")
+                        self.wfile.flush()
+                    return
                 for event in [first, *events]:
                     self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                     self.wfile.flush()

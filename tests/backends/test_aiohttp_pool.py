@@ -1,5 +1,6 @@
-"""The completion POSTs over the default pool go to aiohttp directly (issue 8): same headers,
-status handling, retries, error mapping, cancellation and stream decoding as through httpx."""
+"""The transport over its default pool (aiohttp) and a real server: headers and auth sent,
+status handling, retries, aiohttp's errors mapped (read timeout), redirects not followed,
+cancellation, and stream decoding."""
 
 from __future__ import annotations
 
@@ -7,12 +8,23 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import httpx
+import aiohttp
 import pytest
 from aiohttp import web
 
+from backends.aiohttp_pool import AiohttpPool, transport_error
+from backends.pool import (
+    ConnectError,
+    ConnectTimeout,
+    NetworkError,
+    ReadError,
+    ReadTimeout,
+    RemoteProtocolError,
+    TransportError,
+    UnsupportedURL,
+)
 from backends.transport import Transport
-from presto_client.errors import EngineRequestError, InvalidResponseError
+from presto_client.errors import EngineRequestError, EngineUnavailableError, InvalidResponseError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -46,17 +58,18 @@ async def _no_sleep(seconds: float) -> None:
     return None
 
 
-async def test_direct_path_only_over_the_default_pool() -> None:
-    t = Transport("http://127.0.0.1:1", engine_name="e")
-    assert t._direct is not None
-    mocked = Transport(
-        "http://127.0.0.1:1",
-        engine_name="e",
-        transport=httpx.MockTransport(lambda r: httpx.Response(200)),
-    )
-    assert mocked._direct is None
+async def _events(t: Transport, label: str) -> list[object]:
+    return [
+        e
+        async for batch in t.stream_event_batches("/v1/completions", {}, label=label)
+        for e in batch
+    ]
+
+
+async def test_the_default_pool_is_aiohttps() -> None:
+    t = Transport("http://127.0.0.1:1", engine_name="e", max_concurrency=7)
+    assert isinstance(t._pool, AiohttpPool) and t._pool.max_connections == 7
     await t.aclose()
-    await mocked.aclose()
 
 
 async def test_headers_auth_retries_and_status_messages(
@@ -89,7 +102,7 @@ async def test_headers_auth_retries_and_status_messages(
     await t.aclose()
 
 
-async def test_cancellation_aborts_a_direct_request(
+async def test_cancellation_aborts_the_request(
     served: Callable[[Handler], Awaitable[str]],
 ) -> None:
     started, aborted = asyncio.Event(), asyncio.Event()
@@ -134,7 +147,7 @@ async def test_stream_reads_that_complete_no_event(
 
     hostport = await served(handler)
     t = Transport(f"http://{hostport}", engine_name="e", sleep=_no_sleep)
-    events = [e async for e in t.stream_events("/v1/completions", {}, label="s")]
+    events = await _events(t, "s")
     assert events == [{"i": 0}, {"i": 1}, {"i": 2}]
     await t.aclose()
 
@@ -148,6 +161,66 @@ async def test_stream_status_errors_surface_the_server_message(
     hostport = await served(handler)
     t = Transport(f"http://{hostport}", engine_name="e", sleep=_no_sleep)
     with pytest.raises(EngineRequestError, match=r"HTTP 400.*prompt too long"):
-        async for _ in t.stream_events("/v1/completions", {}, label="s"):
-            pass
+        await _events(t, "s")
     await t.aclose()
+
+
+async def test_redirects_are_not_followed(served: Callable[[Handler], Awaitable[str]]) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("moved"):
+            raise AssertionError("the redirect was followed")
+        raise web.HTTPTemporaryRedirect("/v1/completions?moved=1")
+
+    hostport = await served(handler)
+    t = Transport(f"http://{hostport}", engine_name="e", sleep=_no_sleep)
+    with pytest.raises(
+        EngineRequestError, match=r"HTTP 307 .*redirect to '/v1/completions\?moved=1', not followed"
+    ):
+        await t.request_json("POST", "/v1/completions", {}, label="p")
+    with pytest.raises(EngineRequestError, match=r"HTTP 307 .*not followed"):
+        [e async for e in t.stream_event_batches("/v1/completions", {}, label="p")]
+    assert t.requests_sent == 2
+    await t.aclose()
+
+
+async def test_a_silent_server_is_a_read_timeout(
+    served: Callable[[Handler], Awaitable[str]],
+) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    hostport = await served(handler)
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    t = Transport(
+        f"http://{hostport}", engine_name="e", request_timeout_s=0.2, max_retries=1, sleep=sleep
+    )
+    with pytest.raises(EngineUnavailableError, match=r"after 2 attempt.*read timeout.*0\.2 s"):
+        await t.request_json("POST", "/v1/completions", {}, label="p")
+    assert len(sleeps) == 1  # retried max_retries times, not as a restart
+    with pytest.raises(EngineUnavailableError, match="read timeout"):
+        await _events(t, "s")
+    await t.aclose()
+
+
+def test_aiohttp_failures_map_to_the_pool_errors() -> None:
+    """The one place aiohttp's exceptions are translated: what retries, restart detection and
+    messages are written against."""
+    key = aiohttp.client_reqrep.ConnectionKey("h", 1, False, True, None, None, None)
+    cases: list[tuple[BaseException, type[TransportError]]] = [
+        (aiohttp.ServerDisconnectedError(), RemoteProtocolError),
+        (aiohttp.ClientConnectorError(key, OSError(111, "Connection refused")), ConnectError),
+        (aiohttp.ConnectionTimeoutError(), ConnectTimeout),
+        (aiohttp.SocketTimeoutError(), ReadTimeout),
+        (TimeoutError(), ReadTimeout),
+        (aiohttp.ClientPayloadError("cut"), ReadError),
+        (aiohttp.ClientOSError(104, "reset"), ReadError),
+        (aiohttp.InvalidURL("ftp://x"), UnsupportedURL),
+        (aiohttp.ClientError("other"), NetworkError),
+    ]
+    for exc, want in cases:
+        assert type(transport_error(exc)) is want, exc

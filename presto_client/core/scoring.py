@@ -1,0 +1,219 @@
+"""From normalised logprobs to :class:`~presto_client.core.engine_protocol.ScoredTokens`: the one
+place where this happens for HTTP engines, for every dialect.
+
+:class:`TokenLogprobs` is the normalised record every dialect's parser returns (the backends'
+parsing toolkit builds it); the functions below turn it into scores.
+
+Raw top-K logprobs become certified ``log q`` intervals, always through
+:func:`presto_client.core.logprob_math.scores_from_topk` (the math itself); this module adds
+what an engine's answers need around it: a scaled generation's exact column, exact scores from
+full-vocabulary rows or from scaled normalisers, and the errors a user can act on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from presto_client.core.engine_protocol import FloatArray, IntArray, ScoredTokens, ScoreSpec
+from presto_client.core.logprob_math import scores_from_topk
+from presto_client.errors import ConfigError, InvalidResponseError
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Per-token logprobs as an engine returned them, normalised (one row per token).
+
+    ``logprobs`` is what the engine returned for each token (raw or scaled: see the adapter's
+    semantics); ``top_ids``/``top_logprobs`` are the returned top-K, deduplicated by id, sorted
+    by decreasing logprob, cut to K and padded with ``-1``/``-inf``.
+    """
+
+    token_ids: IntArray
+    logprobs: FloatArray
+    top_ids: IntArray
+    top_logprobs: FloatArray
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @classmethod
+    def empty(cls, k: int) -> TokenLogprobs:
+        return cls(
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0),
+            np.zeros((0, k), dtype=np.int64),
+            np.zeros((0, k)),
+        )
+
+    def concat(self, other: TokenLogprobs) -> TokenLogprobs:
+        k = max(self.top_ids.shape[1], other.top_ids.shape[1])
+        a, b = self.padded(k), other.padded(k)
+        return TokenLogprobs(
+            np.concatenate([a.token_ids, b.token_ids]),
+            np.concatenate([a.logprobs, b.logprobs]),
+            np.concatenate([a.top_ids, b.top_ids]),
+            np.concatenate([a.top_logprobs, b.top_logprobs]),
+        )
+
+    def padded(self, k: int) -> TokenLogprobs:
+        have = self.top_ids.shape[1]
+        if have >= k:
+            return self
+        n = len(self)
+        return TokenLogprobs(
+            self.token_ids,
+            self.logprobs,
+            np.concatenate([self.top_ids, np.full((n, k - have), -1, dtype=np.int64)], axis=1),
+            np.concatenate([self.top_logprobs, np.full((n, k - have), -np.inf)], axis=1),
+        )
+
+
+def _derive(
+    logp0: FloatArray,
+    top: FloatArray,
+    spec: ScoreSpec,
+    vocab_size: int | None,
+    *,
+    entropy: bool | None = None,
+) -> tuple[FloatArray, FloatArray, FloatArray | None]:
+    """``scores_from_topk``'s intervals, and its entropy when ``entropy`` (default: when
+    ``spec`` asks for it; skipped otherwise)."""
+    want_entropy = spec.entropy if entropy is None else entropy
+    try:
+        derived = scores_from_topk(logp0, top, spec.temperatures, vocab_size, entropy=want_entropy)
+    except ValueError as exc:
+        if "vocabulary size" in str(exc):
+            raise ConfigError(
+                f"{exc}: set vocab_size in the engine spec to use temperatures above 1"
+            ) from exc
+        raise InvalidResponseError(str(exc)) from exc
+    return derived.logq_lo, derived.logq_hi, derived.entropy
+
+
+def scored_from_raw(
+    raw: TokenLogprobs, spec: ScoreSpec, vocab_size: int | None = None
+) -> ScoredTokens:
+    """Scores from raw logprobs: ``log p0`` as returned, ``log q`` as certified intervals."""
+    lo, hi, entropy = _derive(raw.logprobs, raw.top_logprobs, spec, vocab_size)
+    return ScoredTokens(
+        token_ids=raw.token_ids,
+        logp0=raw.logprobs,
+        logq_lo=lo,
+        logq_hi=hi,
+        entropy=entropy if spec.entropy else None,
+    )
+
+
+def scored_from_scaled(
+    generated: TokenLogprobs,
+    temperature: float,
+    raw: TokenLogprobs,
+    spec: ScoreSpec,
+    vocab_size: int | None = None,
+) -> ScoredTokens:
+    """Scores from a scaled generation plus a raw scoring of the same tokens (two-call mode).
+
+    ``generated.logprobs`` are exact ``log q_τ`` at the request ``temperature``: they fill the
+    columns of that temperature exactly. ``log p0`` comes from ``raw``; the other temperatures
+    and the entropy are derived from ``raw``'s top-K. ``meta["scaled_outside_interval"]`` is the
+    largest distance of an exact value from its certified interval (numeric drift between the
+    two calls; 0 when consistent).
+    """
+    if not np.array_equal(generated.token_ids, raw.token_ids):
+        raise InvalidResponseError("the scoring call did not score the generated tokens")
+    lo, hi, entropy = _derive(raw.logprobs, raw.top_logprobs, spec, vocab_size)
+    lo = lo.copy()
+    hi = hi.copy()
+    drift = 0.0
+    for m, tau in enumerate(spec.temperatures):
+        if math.isclose(tau, temperature, rel_tol=1e-9, abs_tol=1e-12):
+            exact = generated.logprobs
+            outside = np.maximum(lo[:, m] - exact, exact - hi[:, m])
+            if outside.size:
+                drift = max(drift, float(np.max(np.where(np.isfinite(outside), outside, 0.0))))
+            lo[:, m] = exact
+            hi[:, m] = exact
+    return ScoredTokens(
+        token_ids=raw.token_ids,
+        logp0=raw.logprobs,
+        logq_lo=lo,
+        logq_hi=hi,
+        entropy=entropy if spec.entropy else None,
+        meta={"scaled_outside_interval": drift},
+    )
+
+
+def exact_from_full_rows(
+    token_ids: Sequence[int], raw: TokenLogprobs, spec: ScoreSpec, vocab_size: int
+) -> ScoredTokens:
+    """Exact scores from full-vocabulary raw rows (``raw.top_*`` holds every token)."""
+    n = len(token_ids)
+    full = np.full((n, vocab_size), -np.inf)
+    for i in range(n):
+        valid = raw.top_ids[i] >= 0
+        ids = raw.top_ids[i][valid]
+        if ids.size and ids.max() >= vocab_size:
+            raise InvalidResponseError(
+                f"token id {int(ids.max())} outside the vocabulary of {vocab_size}"
+            )
+        full[i, ids] = raw.top_logprobs[i][valid]
+    # Renormalise over what was returned (rounding of a float32 softmax).
+    logp0 = raw.logprobs
+    logq = np.empty((n, len(spec.temperatures)))
+    for m, tau in enumerate(spec.temperatures):
+        scaled = full / tau
+        top = np.max(scaled, axis=1, keepdims=True)
+        log_z = (top + np.log(np.sum(np.exp(scaled - top), axis=1, keepdims=True)))[:, 0]
+        logq[:, m] = logp0 / tau - log_z
+    p = np.exp(full)
+    entropy = -np.sum(np.where(p > 0, p * np.where(np.isfinite(full), full, 0.0), 0.0), axis=1)
+    return ScoredTokens.exact(token_ids, logp0, logq, entropy if spec.entropy else None)
+
+
+def exact_from_normalisers(
+    raw: TokenLogprobs,
+    scaled_next: dict[float, TokenLogprobs],
+    spec: ScoreSpec,
+    *,
+    label: str,
+) -> ScoredTokens:
+    """Exact scores of given tokens from a raw scoring plus scaled next-token top-K rows.
+
+    ``scaled_next[τ]`` row ``i`` holds the temperature-``τ`` top-K at position ``i`` (same
+    context as ``raw`` row ``i``). For any token ``j`` in both top sets, ``log Z_τ =
+    log p0(j)/τ − log q_τ(j)`` exactly, hence ``log q_τ(x) = log p0(x)/τ − log Z_τ``.
+    """
+    n = len(raw)
+    logq = np.empty((n, len(spec.temperatures)))
+    for m, tau in enumerate(spec.temperatures):
+        if math.isclose(tau, 1.0, rel_tol=0.0, abs_tol=1e-12):
+            logq[:, m] = raw.logprobs
+            continue
+        rows = scaled_next[tau]
+        for i in range(n):
+            raw_row = {
+                int(t): float(v)
+                for t, v in zip(raw.top_ids[i], raw.top_logprobs[i], strict=True)
+                if t >= 0 and np.isfinite(v)
+            }
+            raw_row.setdefault(int(raw.token_ids[i]), float(raw.logprobs[i]))
+            common = [
+                (raw_row[int(t)], int(t), float(v))
+                for t, v in zip(rows.top_ids[i], rows.top_logprobs[i], strict=True)
+                if int(t) in raw_row and np.isfinite(v)
+            ]
+            if not common:
+                raise InvalidResponseError(
+                    f"{label}: no token in both the raw and the scaled top-K at position {i}"
+                )
+            lp_raw, _, lq = max(common)
+            log_z = lp_raw / tau - lq
+            logq[i, m] = raw.logprobs[i] / tau - log_z
+    entropy = None
+    if spec.entropy:
+        entropy = _derive(raw.logprobs, raw.top_logprobs, ScoreSpec((1.0,)), None, entropy=True)[2]
+    return ScoredTokens.exact(raw.token_ids, raw.logprobs, logq, entropy)

@@ -1,0 +1,157 @@
+"""The plan of a job as plain frozen data: everything the layers below the plan read.
+
+:func:`~presto_client.orchestration.plan.make_plan` resolves a validated job config (pydantic)
+into these objects; the engines' opening, the job's run, the orchestrator and the run directory
+see only them, never the config's models. An engine kind says how its replicas are opened by
+handing the plan a :class:`ReplicaOpener` (a plain object of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.settings import SamplerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt: its text (to be tokenized by the engine) or its token ids."""
+
+    index: int
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    answer: str | None = None
+
+
+class ReplicaOpener(Protocol):
+    """How an engine's replicas are made (one plain object per engine of the plan)."""
+
+    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
+        """The engine's replicas, ready to use (``embedded_urls``: the URL of each embedded
+        server started for the job, by engine name); their owner closes them."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedServer:
+    """An embedded CPU server to start before the engines open (its URL is then the
+    engine's)."""
+
+    port: int | None
+    dtype: str
+    startup_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEngine:
+    """An engine of the job, resolved: what the orchestration needs to open and bound it."""
+
+    name: str
+    kind: str
+    max_concurrency: int
+    eos_token_id: int | None
+    """The EOS at which its responses are truncated (the config's, else the engine's own)."""
+    takes_text: bool
+    """Whether it tokenizes text prompts (and detokenizes responses) itself."""
+    probes: bool
+    """Whether its replicas are probed before the job (a served engine)."""
+    description: str
+    """Where it is and what it serves, in words (``presto validate``)."""
+    opener: ReplicaOpener
+    server: EmbeddedServer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GraderSpec:
+    """The job's grader, plain: ``math``/``exact``/``choice``, a regex or a python function."""
+
+    kind: str
+    pattern: str | None = None
+    function: str | None = None
+
+    def label(self) -> str:
+        if self.kind == "regex":
+            return f"regex: {self.pattern}"
+        if self.kind == "python":
+            return f"python: {self.function}"
+        return self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """The job-wide settings the run reads (bounds, output, prompt formatting, grading)."""
+
+    name: str | None
+    output_dir: Path
+    chains_per_prompt: int
+    seed: int
+    max_concurrency: int
+    max_active_chains: int | None
+    failure_budget: int
+    """Most failed chains before the job stops (resolved for the plan's chain count)."""
+    sampler_name: str
+    block_size: int
+    num_blocks: int
+    steps_per_block: int
+    chat_template: bool
+    system_prompt: str | None
+    grader: GraderSpec | None
+    resolved_config: Mapping[str, Any]
+    """The resolved config as plain data, secrets removed (``config.resolved.yaml``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    arm: str
+    engine: str
+    traversal: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChain:
+    chain_id: str
+    arm: Arm
+    prompt_index: int
+    chain_index: int
+    seed: int
+    size: int | None = None
+    """The method's size parameter (``n_pf`` or ``window``), resolved from the config; not part
+    of the chain's identity (``as_dict``, what run.json records)."""
+    sampler: SamplerConfig | None = None
+    """The plain sampler the chain runs (its engine's: the EOS differs)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chain_id": self.chain_id,
+            "arm": self.arm.arm,
+            "engine": self.arm.engine,
+            "traversal": self.arm.traversal,
+            "prompt_index": self.prompt_index,
+            "chain_index": self.chain_index,
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """A job, planned: its settings, prompts, engines, arms and chains in run order."""
+
+    settings: JobSettings
+    prompts: tuple[Prompt, ...]
+    engines: Mapping[str, PlannedEngine]
+    """Every engine of the config, in its order (arms may use only some)."""
+    arms: tuple[Arm, ...]
+    chains: tuple[PlannedChain, ...]
+    fingerprint: Mapping[str, Any]
+    samplers: Mapping[str, SamplerConfig]
+    """The plain sampler of each engine (its EOS differs), resolved when the plan is made."""
+    predictor: CertaintyPredictor | None = None
+    """The predictive traversal's predictor (``sampler.predictor``); ``None``: the paper's."""
+
+    @property
+    def output_dir(self) -> Path:
+        return self.settings.output_dir

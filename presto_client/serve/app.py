@@ -1,0 +1,507 @@
+"""``presto serve``: power sampling behind an OpenAI-compatible HTTP API (aiohttp.web).
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (plain, and ``stream: true`` as
+server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+
+Why aiohttp.web and not FastAPI on uvicorn (the engines' convention): aiohttp is already a
+dependency (the client's connection pool, the embedded server, the latency server), so the
+service adds no package; the handlers are plain coroutines on the same event loop as the chains
+(no thread pool, no dependency-injection layer), and its ``handler_cancellation`` turns a client
+that goes away into a cancelled handler, which is how a disconnected client cancels its chains
+and aborts their upstream requests. The request bodies are still validated with pydantic (the
+wire models), as FastAPI would. ``benchmarks/bench_serve.py`` measures what the service costs
+per request against a direct ``run_chain``.
+
+Streaming: power sampling's cut is uniform over the whole response, so a later block's
+Metropolis-Hastings steps may still resample an earlier block: no text is final before the
+chain's last transition. A stream therefore carries, while the chains run, one SSE comment per
+finished block (``: block 2/4 prompt 0 chain 1``; OpenAI clients skip comments, and they keep
+proxies from timing the stream out), then each choice's answer when its chains are done, the
+usage chunk (``stream_options.include_usage``) and ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from presto_client.core.runners import ChainResult
+from presto_client.errors import EngineError, EngineUnavailableError, PrestoError
+from presto_client.orchestration.config import JobConfig
+from presto_client.serve.admission import Admission
+from presto_client.serve.chains import ChainBatch, ServedEngine
+from presto_client.serve.errors import ApiError, invalid
+from presto_client.serve.mapping import Limits, batch_for
+from presto_client.serve.metrics import Metrics
+from presto_client.serve.wire import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    ChatBody,
+    CompletionBody,
+    check_fields,
+    parse,
+)
+from presto_client.urls import redact_text
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8100
+    traversal: str = "stream"
+    model_name: str | None = None
+    """The model id clients name (default: the engine's name); the upstream's id works too."""
+    api_key: str | None = None
+    max_active: int = 64
+    """Requests running at once; the chains of all of them share the engine's slots."""
+    max_queue: int = 256
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 1 << 20
+    limits: Limits = field(default_factory=Limits)
+    probe: bool = True
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _error_for(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return ApiError(504, "the request ran past the server's deadline", code="timeout")
+    if isinstance(exc, EngineUnavailableError):
+        return ApiError(
+            503, f"the upstream engine is unavailable: {redact_text(str(exc))}", code="upstream"
+        )
+    if isinstance(exc, EngineError):
+        return ApiError(
+            502, f"the upstream engine failed: {redact_text(str(exc))}", code="upstream"
+        )
+    if isinstance(exc, PrestoError):
+        return ApiError(500, redact_text(str(exc)))
+    return ApiError(500, f"internal error: {type(exc).__name__}")
+
+
+def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    at = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text[:at], True) if at >= 0 else (text, False)
+
+
+class Service:
+    """The app's state and handlers: one served engine, its admission and counters."""
+
+    def __init__(self, engine: ServedEngine, options: ServeOptions) -> None:
+        self.engine = engine
+        self.options = options
+        self.admission = Admission(options.max_active, options.max_queue)
+        self.metrics = Metrics()
+        self.model_id = options.model_name or engine.name
+        self.models = {self.model_id, engine.name}
+        if engine.upstream_model:
+            self.models.add(engine.upstream_model)
+        self._key = options.api_key.encode() if options.api_key else None
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.options.max_body_bytes,
+            middlewares=[self._errors, self._auth],
+        )
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        return app
+
+    # ---- middlewares
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        try:
+            response = await handler(request)
+        except asyncio.CancelledError:
+            self.metrics.request(request.path, 499)  # the client went away
+            raise
+        except web.HTTPException as exc:  # aiohttp's own (404 route, 405 method)
+            error = ApiError(exc.status, exc.reason or "not found")
+            response = _json(error.body(), exc.status)
+        except Exception as exc:
+            error = _error_for(exc)
+            if error.status >= 500:
+                logger.warning("%s %s: %s", request.method, request.path, error.message)
+                logger.debug("traceback", exc_info=True)
+            response = _json(error.body(), error.status, error.headers)
+        self.metrics.request(request.path, response.status)
+        logger.info(
+            "%s %s %d %.3fs",
+            request.method,
+            request.path,
+            response.status,
+            time.perf_counter() - start,
+        )
+        return response
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._key is not None and request.path != "/health":
+            given = request.headers.get("Authorization", "")
+            token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(token.encode(), self._key):
+                raise ApiError(
+                    401,
+                    "a valid API key is needed: Authorization: Bearer <key>",
+                    code="invalid_api_key",
+                )
+        return await handler(request)
+
+    # ---- small routes
+
+    async def health(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok", "engine": self.engine.name})
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "presto",
+            "root": self.engine.upstream_model or self.engine.name,
+            "max_model_len": self.engine.max_model_len,
+        }
+        return _json({"object": "list", "data": [card]})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        gauges = {
+            "active_requests": ("Requests running", lambda: float(self.admission.active)),
+            "queued_requests": (
+                "Requests waiting for a slot",
+                lambda: float(self.admission.waiting),
+            ),
+            "engine_in_flight": ("Engine requests in flight", lambda: float(self.engine.in_flight)),
+        }
+        return web.Response(
+            text=self.metrics.render(gauges), content_type="text/plain", charset="utf-8"
+        )
+
+    # ---- generation
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, CompletionBody, COMPLETION_FIELDS, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, ChatBody, CHAT_FIELDS, chat=True)
+
+    async def _read(self, request: web.Request) -> Any:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(
+                413,
+                f"the body is larger than this server's limit of "
+                f"{self.options.max_body_bytes} bytes",
+                code="request_too_large",
+            ) from None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise invalid(f"the body is not valid JSON: {exc}") from None
+
+    async def _generate(
+        self, request: web.Request, model: type[Any], fields: tuple[str, ...], *, chat: bool
+    ) -> web.StreamResponse:
+        raw = await self._read(request)
+        ignored = check_fields(raw, fields)
+        body = parse(model, raw)
+        if body.model not in self.models:
+            raise ApiError(
+                404,
+                f"the model {body.model!r} does not exist; this server serves {self.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+        deadline = self.options.request_timeout_s
+        if body.stream:
+            return await self._stream(request, body, ignored, chat=chat)
+        async with asyncio.timeout(deadline):
+            batch = await batch_for(self.engine, body, self.options.traversal, self.options.limits)
+            async with self.admission.slot():
+                start = time.perf_counter()
+                results = await self.engine.run(batch)
+                self.admission.observe(time.perf_counter() - start)
+            answer = await self._answer(body, batch, results, ignored, chat=chat)
+        return _json(answer)
+
+    async def _texts(
+        self, body: Any, results: Sequence[ChainResult]
+    ) -> list[tuple[str, str, tuple[int, ...]]]:
+        """``(text, finish_reason, token_ids)`` of every choice: EOS or a stop string is
+        ``stop``. A stop string cuts the text before it and the tokens after the one that
+        completed it (vLLM's convention), so the ids and the text end at the same place."""
+        out: list[tuple[str, str, tuple[int, ...]]] = []
+        eos = self.engine.eos_token_id
+        stops = body.stops()
+        for r in results:
+            ids = tuple(r.token_ids)
+            text = ""
+            if self.engine.can_detokenize:
+                text = await self.engine.detokenize(ids) or ""
+            text, stopped = _cut_at_stop(text, stops)
+            if stopped:
+                ids = ids[: await self._stop_token_count(ids, stops)]
+            ended = eos is not None and len(ids) > 0 and ids[-1] == eos
+            out.append((text, "stop" if stopped or ended else "length", ids))
+        return out
+
+    async def _stop_token_count(self, ids: tuple[int, ...], stops: Sequence[str]) -> int:
+        """The fewest leading tokens whose text holds a stop string (the whole text does):
+        a binary search, as a longer prefix's text extends a shorter one's."""
+        low, high = 1, len(ids)
+        while low < high:
+            mid = (low + high) // 2
+            text = await self.engine.detokenize(ids[:mid]) or ""
+            if _cut_at_stop(text, stops)[1]:
+                high = mid
+            else:
+                low = mid + 1
+        return high
+
+    def _usage(
+        self, batch: ChainBatch, results: Sequence[ChainResult], completion: int
+    ) -> dict[str, int]:
+        prompt = sum(len(p) for p in batch.prompts)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "tokens_generated": sum(r.stats.tokens_generated for r in results),
+        }
+
+    def _presto(self, batch: ChainBatch, ignored: Sequence[str]) -> dict[str, Any]:
+        s = batch.sampler
+        return {
+            "seed": batch.seed,
+            "sampler": s.sampler,
+            "traversal": batch.traversal,
+            "alpha": s.alpha,
+            "block_size": s.block_size,
+            "num_blocks": s.num_blocks,
+            "steps_per_block": s.steps_per_block,
+            "ignored": list(ignored),
+        }
+
+    async def _answer(
+        self,
+        body: Any,
+        batch: ChainBatch,
+        results: Sequence[ChainResult],
+        ignored: Sequence[str],
+        *,
+        chat: bool,
+    ) -> dict[str, Any]:
+        self.metrics.chains(results, sum(len(p) for p in batch.prompts))
+        choices: list[dict[str, Any]] = []
+        for index, (text, reason, ids) in enumerate(await self._texts(body, results)):
+            choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choice["token_ids"] = list(ids)
+            choices.append(choice)
+        return {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": choices,
+            "usage": self._usage(batch, results, sum(len(c["token_ids"]) for c in choices)),
+            "presto": self._presto(batch, ignored),
+        }
+
+    async def _stream(
+        self, request: web.Request, body: Any, ignored: Sequence[str], *, chat: bool
+    ) -> web.StreamResponse:
+        ends = time.monotonic() + self.options.request_timeout_s
+        async with contextlib.AsyncExitStack() as stack:
+            async with asyncio.timeout(self.options.request_timeout_s):  # (before the headers)
+                batch = await batch_for(
+                    self.engine, body, self.options.traversal, self.options.limits
+                )
+                await stack.enter_async_context(self.admission.slot())  # a 429: no headers yet
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            progress: asyncio.Queue[str] = asyncio.Queue()
+            total = batch.sampler.num_blocks
+
+            def on_block(i: int, j: int, done: int) -> None:
+                progress.put_nowait(f": block {done}/{total} prompt {i} chain {j}\n\n")
+
+            start = time.perf_counter()
+            run = asyncio.ensure_future(self.engine.run(batch, on_block))
+            getter: asyncio.Future[str] | None = None
+            try:
+                while not run.done():
+                    getter = asyncio.ensure_future(progress.get())
+                    left = ends - time.monotonic()
+                    await asyncio.wait(
+                        {run, getter}, timeout=max(left, 0), return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if getter.done():
+                        await response.write(getter.result().encode())
+                    else:
+                        getter.cancel()
+                    if not run.done() and time.monotonic() >= ends:
+                        raise TimeoutError
+                results = run.result()
+            except Exception as exc:
+                error = _error_for(exc)
+                logger.warning("stream %s: %s", request.path, error.message)
+                with contextlib.suppress(ConnectionError):
+                    await response.write(b"data: " + orjson.dumps(error.body()) + b"\n\n")
+                return response
+            finally:
+                if getter is not None:
+                    getter.cancel()
+                if not run.done():  # the client went away (or the deadline passed)
+                    run.cancel()
+                    await asyncio.gather(run, return_exceptions=True)
+            self.admission.observe(time.perf_counter() - start)
+            answer = await self._answer(body, batch, results, ignored, chat=chat)
+            for chunk in self._chunks(answer, chat=chat):
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if body.include_usage:
+                usage = {**self._chunk_head(answer, chat), "choices": [], "usage": answer["usage"]}
+                await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        raise AssertionError("unreachable")  # (the stack never swallows)
+
+    @staticmethod
+    def _chunk_head(answer: dict[str, Any], chat: bool) -> dict[str, Any]:
+        return {
+            "id": answer["id"],
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": answer["created"],
+            "model": answer["model"],
+            "presto": answer["presto"],
+        }
+
+    def _chunks(self, answer: dict[str, Any], *, chat: bool) -> list[dict[str, Any]]:
+        head = self._chunk_head(answer, chat)
+        chunks: list[dict[str, Any]] = []
+        for c in answer["choices"]:
+            if chat:
+                content = c["message"]["content"]
+                delta = {"role": "assistant", "content": content}
+                first = {
+                    "index": c["index"],
+                    "delta": delta,
+                    "finish_reason": None,
+                    "logprobs": None,
+                    "token_ids": c["token_ids"],
+                }
+                last = {
+                    "index": c["index"],
+                    "delta": {},
+                    "finish_reason": c["finish_reason"],
+                    "logprobs": None,
+                }
+                chunks += [{**head, "choices": [first]}, {**head, "choices": [last]}]
+            else:
+                choice = {
+                    "index": c["index"],
+                    "text": c["text"],
+                    "finish_reason": c["finish_reason"],
+                    "logprobs": None,
+                    "token_ids": c["token_ids"],
+                }
+                chunks.append({**head, "choices": [choice]})
+        return chunks
+
+
+# --------------------------------------------------------------------------------------------
+# Running the server
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunningService:
+    """A started service (``aclose()`` stops it and closes its engine)."""
+
+    url: str
+    service: Service
+    _runner: web.AppRunner
+    _stack: contextlib.AsyncExitStack
+
+    async def aclose(self) -> None:
+        await self._runner.cleanup()
+        await self._stack.aclose()
+
+
+async def start_service(
+    cfg: JobConfig,
+    options: ServeOptions,
+    *,
+    embedded_urls: dict[str, str] | None = None,
+    replicas: Sequence[Any] | None = None,
+) -> RunningService:
+    """Open the config's first engine and serve it on ``options.host:options.port``."""
+    stack = contextlib.AsyncExitStack()
+    try:
+        engine = await ServedEngine.open(
+            cfg, stack, embedded_urls=embedded_urls, probe=options.probe, replicas=replicas
+        )
+        service = Service(engine, options)
+        runner = web.AppRunner(service.app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, options.host, options.port)
+        await site.start()
+    except BaseException:
+        await stack.aclose()
+        raise
+    host, port = runner.addresses[0][:2]
+    return RunningService(f"http://{host}:{port}", service, runner, stack)
+
+
+async def serve_until_stopped(
+    cfg: JobConfig, options: ServeOptions, embedded_urls: dict[str, str] | None = None
+) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    running = await start_service(cfg, options, embedded_urls=embedded_urls)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    logger.warning(
+        "presto serve: %s (engine %s) on %s/v1",
+        running.service.model_id,
+        running.service.engine.name,
+        running.url,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await running.aclose()

@@ -1,0 +1,220 @@
+"""The service's one seam to the orchestration: open the config's first engine, run chains on it.
+
+Everything else in :mod:`presto_client.serve` sees only :class:`ServedEngine` and
+:class:`ChainBatch`. The engine is opened exactly as ``presto run`` opens it
+(:func:`~presto_client.orchestration.engines.open_engines`); every chain runs through
+:func:`~presto_client.core.runners.run_chain` behind the orchestrator's bounded per-chain view
+(:class:`~presto_client.orchestration.orchestrator.LimitedEngine`), all requests sharing one
+per-engine and one global :class:`FifoSemaphore`. Chains of every request therefore share the
+engine's slots and, since the opened engine hands each replica's budget to every chain on it,
+its speculation budget.
+Seeds are the job's: chain ``j`` of prompt ``i`` of a request with seed ``s`` gets
+:func:`~presto_client.orchestration.plan.chain_seed` ``(s, i, j)``, the seed ``presto run`` gives
+it with root seed ``s``, so the same prompt, seed and config give the same tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from presto_client.concurrency import gather_or_fail
+from presto_client.core.engine_protocol import (
+    ChatTokenizing,
+    ContextLimited,
+    Detokenizing,
+    Tokenizing,
+)
+from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.stats import RoundRecord
+from presto_client.errors import ConfigError
+from presto_client.orchestration.config import JobConfig, SamplerSettings
+from presto_client.orchestration.engines import (
+    OpenedEngine,
+    engine_identities,
+    open_engines,
+)
+from presto_client.orchestration.orchestrator import EnginePool, FifoSemaphore, LimitedEngine
+from presto_client.orchestration.plan import chain_seed, make_plan
+from presto_client.orchestration.prompt_tokens import decode, encode
+
+logger = logging.getLogger(__name__)
+
+BlockCallback = Callable[[int, int, int], None]
+"""``(prompt_index, chain_index, blocks_done)``: a chain has finished the MH steps of a block."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChainBatch:
+    """One request's chains, plain data: ``n`` chains on each prompt with one sampler."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    sampler: SamplerConfig
+    traversal: str
+    n_pf: int | None
+    """The method's size: the window of ``stream``, the round size of a round method."""
+    n: int
+    seed: int
+
+    def chain_seeds(self) -> list[tuple[int, int, int]]:
+        """``(prompt_index, chain_index, seed)`` of every chain, in choice order."""
+        return [
+            (i, j, chain_seed(self.seed, i, j))
+            for i in range(len(self.prompts))
+            for j in range(self.n)
+        ]
+
+
+def sampler_for(settings: SamplerSettings, eos_token_id: int | None) -> SamplerConfig:
+    """The core's sampler for ``settings`` on the served engine (its EOS, as ``presto run``)."""
+    return settings.to_sampler_config(eos_token_id)
+
+
+def chain_window(settings: SamplerSettings, traversal: str) -> int | None:
+    """What ``presto run`` passes as the method's size: its round size, its window, or
+    ``None`` for a method without one (the methods' registry says which)."""
+    return settings.method_size(traversal)
+
+
+class ServedEngine:
+    """The config's first engine, opened, with the bounds every request's chains share."""
+
+    def __init__(self, cfg: JobConfig, handle: OpenedEngine, identity: Mapping[str, Any]) -> None:
+        self.config = cfg
+        self.handle = handle
+        self.name = handle.name
+        self.kind = handle.kind
+        self.upstream_model: str | None = (
+            str(identity["model"]) if identity.get("model") is not None else None
+        )
+        self.eos_token_id = handle.eos_token_id
+        # The opened engine owns a speculation budget per replica: every request's chains on a
+        # replica share it, as a job's chains do.
+        self.pool = EnginePool(
+            handle.name, handle.replicas, handle.max_concurrency, tuple(handle.budgets)
+        )
+        self.engine_slots = FifoSemaphore(handle.max_concurrency)
+        self.global_slots = FifoSemaphore(cfg.max_concurrency)
+
+    @classmethod
+    async def open(
+        cls,
+        cfg: JobConfig,
+        stack: contextlib.AsyncExitStack,
+        *,
+        embedded_urls: Mapping[str, str] | None = None,
+        probe: bool = True,
+        replicas: Sequence[Any] | None = None,
+    ) -> ServedEngine:
+        """Open ``cfg``'s first engine (closed with ``stack``); ``replicas`` replaces it with
+        ready-made engines (tests, Python callers), as ``engine_overrides`` does for a job."""
+        first = cfg.engines[0]
+        name = str(first.name)
+        # The service plans the engine as a job does (plain data below the config) and opens
+        # it the same way; it plans no chains: each request brings its own.
+        plan = make_plan(cfg, ())
+        if replicas is not None:
+            handle = OpenedEngine.of(plan.engines[name], replicas, cfg.max_concurrency)
+        else:
+            opened = await open_engines(
+                plan, stack, embedded_urls=embedded_urls, only=[name], probe=probe
+            )
+            handle = opened[name]
+        identities = await engine_identities({name: handle})
+        return cls(cfg, handle, identities.get(name, {}))
+
+    # ---- what the engine can do
+
+    @property
+    def _replica(self) -> Any:
+        return self.handle.replicas[0]
+
+    @property
+    def can_tokenize(self) -> bool:
+        return isinstance(self._replica, Tokenizing)
+
+    @property
+    def can_tokenize_chat(self) -> bool:
+        """Whether the engine renders a whole conversation through its chat template."""
+        return isinstance(self._replica, ChatTokenizing)
+
+    @property
+    def can_detokenize(self) -> bool:
+        return isinstance(self._replica, Detokenizing)
+
+    @property
+    def max_model_len(self) -> int | None:
+        limits = [
+            r.max_model_len
+            for r in self.handle.replicas
+            if isinstance(r, ContextLimited) and r.max_model_len
+        ]
+        return min(limits) if limits else None
+
+    @property
+    def in_flight(self) -> int:
+        """Engine requests in flight now (all chains of all requests)."""
+        return self.engine_slots.in_use
+
+    async def tokenize(
+        self, text: str, *, chat: bool, system_prompt: str | None
+    ) -> tuple[int, ...]:
+        return await encode(self._replica, text, chat_template=chat, system_prompt=system_prompt)
+
+    async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
+        replica = self._replica
+        if not isinstance(replica, ChatTokenizing):
+            raise ConfigError(f"engine {self.name} cannot apply a chat template to messages")
+        return tuple(int(t) for t in await replica.tokenize_messages(messages))
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str | None:
+        return await decode(self._replica, token_ids)
+
+    # ---- running chains
+
+    async def run(
+        self, batch: ChainBatch, on_block: BlockCallback | None = None
+    ) -> list[ChainResult]:
+        """Every chain of ``batch`` concurrently, results in choice order.
+
+        A failed chain cancels the others and its error is raised; cancelling the caller
+        cancels every chain (their engine requests are aborted by the engine's own cancellation).
+        """
+        return await gather_or_fail(
+            [self._one(batch, i, j, seed, on_block) for i, j, seed in batch.chain_seeds()]
+        )
+
+    async def _one(
+        self, batch: ChainBatch, i: int, j: int, seed: int, on_block: BlockCallback | None
+    ) -> ChainResult:
+        replica = self.pool.replica_for(f"{seed}/p{i}/c{j}")
+        view = LimitedEngine(self.pool.replicas[replica], self.engine_slots, self.global_slots)
+
+        def on_round(record: RoundRecord) -> None:
+            # A block's extension opens it: the one before has had all of its MH steps.
+            if on_block is not None and record.kind == "extend" and record.block > 0:
+                on_block(i, j, record.block)
+
+        result = await run_chain(
+            view,
+            batch.prompts[i],
+            batch.sampler,
+            traversal=batch.traversal,
+            n_pf=batch.n_pf,
+            seed=seed,
+            on_round=on_round,
+            budget=self.pool.budgets[replica] if self.pool.budgets else None,
+        )
+        if on_block is not None:
+            on_block(i, j, batch.sampler.num_blocks)
+        return result
+
+
+def first_engine_config(cfg: JobConfig) -> Any:
+    if not cfg.engines:
+        raise ConfigError("the config names no engine to serve")
+    return cfg.engines[0]

@@ -1,0 +1,98 @@
+"""The ``presto serve`` command: its options and its blocking run, called from the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+from presto_client.errors import ConfigError
+
+
+def add_serve_parser(
+    subs: Any,
+    config_options: Callable[[argparse.ArgumentParser], None],
+    common: Callable[[argparse.ArgumentParser], None],
+) -> argparse.ArgumentParser:
+    serve = subs.add_parser(
+        "serve",
+        help="serve power sampling as an OpenAI-compatible API (completions, chat)",
+        description="Serve the config's first engine and sampler behind POST /v1/completions "
+        "and /v1/chat/completions (plain and stream), GET /v1/models, /health, /metrics. "
+        "See docs/serve.md.",
+    )
+    config_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8100, help="port (default 8100; 0: any)")
+    serve.add_argument(
+        "--traversal", default="stream", help="traversal of a request without one (stream)"
+    )
+    serve.add_argument("--model-name", help="the model id clients name (default: engine name)")
+    serve.add_argument("--api-key-env", metavar="NAME", help="require Authorization: Bearer $NAME")
+    serve.add_argument("--max-active", type=int, default=64, help="requests run at once (64)")
+    serve.add_argument(
+        "--max-queue", type=int, default=256, help="requests that may wait; then 429 (256)"
+    )
+    serve.add_argument(
+        "--request-timeout", type=float, default=600.0, help="per-request deadline, s (600)"
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="largest request body (1 MiB)"
+    )
+    serve.add_argument("--max-n", type=int, default=16, help="largest n per request (16)")
+    serve.add_argument(
+        "--max-tokens", type=int, default=4096, help="largest max_tokens per request (4096)"
+    )
+    serve.add_argument("--no-probe", action="store_true", help="skip the engine's start-up probe")
+    common(serve)
+    return serve
+
+
+def options_from(args: argparse.Namespace) -> Any:
+    from presto_client.serve.app import ServeOptions
+    from presto_client.serve.mapping import Limits
+
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"--api-key-env {args.api_key_env}: the variable is not set; export "
+                f"{args.api_key_env}=... before serving"
+            )
+    return ServeOptions(
+        host=args.host,
+        port=args.port,
+        traversal=args.traversal,
+        model_name=args.model_name,
+        api_key=key,
+        max_active=args.max_active,
+        max_queue=args.max_queue,
+        request_timeout_s=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+        limits=Limits(max_n=args.max_n, max_tokens=args.max_tokens),
+        probe=not args.no_probe,
+    )
+
+
+def run_serve(args: argparse.Namespace, cfg: Any) -> int:
+    """Serve until interrupted; 0 on a clean stop."""
+    from presto_client.core.sampler_config import arm_traversal_names
+    from presto_client.orchestration.engines import start_embedded_servers
+    from presto_client.orchestration.job import event_loop_factory
+    from presto_client.orchestration.plan import make_plan
+    from presto_client.serve.app import serve_until_stopped
+
+    if args.traversal not in arm_traversal_names():
+        raise ConfigError(
+            f"--traversal {args.traversal}: valid traversals are {', '.join(arm_traversal_names())}"
+        )
+    options = options_from(args)
+    with contextlib.ExitStack() as stack:
+        urls = start_embedded_servers(make_plan(cfg, ()), stack, only=[str(cfg.engines[0].name)])
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(serve_until_stopped(cfg, options, urls))
+    return 0

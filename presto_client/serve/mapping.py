@@ -1,0 +1,237 @@
+"""An OpenAI request, turned into a :class:`~presto_client.serve.chains.ChainBatch`.
+
+- **Prompts**: ``prompt`` is token ids, text, or a list of either (one prompt each; choice
+  ``i * n + j`` is chain ``j`` of prompt ``i``, OpenAI's order). Text goes through the engine's
+  tokenizer. Chat ``messages`` (system, user and assistant turns, ending with a user turn) go
+  through the engine's chat template as a whole conversation.
+- **max_tokens** is ``num_blocks × block_size``: the blocks are the config's (or the request's)
+  ``num_blocks``, lowered to the largest divisor of ``max_tokens`` not above it, so the answer
+  is exactly ``max_tokens`` tokens long (or ends at EOS) and every block is as long as the
+  others, as the kernels need. Absent: the config's ``block_size × num_blocks``.
+- **seed**: the root seed of the request's chains; a request without one gets a fresh random
+  seed (reported in the answer's ``presto.seed``), as an OpenAI request without one is random.
+- Power-sampling settings in the body (``alpha``, ``steps_per_block``, ``sampler``,
+  ``traversal``, ...) override the config's ``sampler:`` and are validated as it is.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from presto_client.core.sampler_config import arm_traversal_names
+from presto_client.orchestration.config import SamplerSettings
+from presto_client.serve.chains import ChainBatch, ServedEngine, chain_window, sampler_for
+from presto_client.serve.errors import invalid
+from presto_client.serve.wire import ChatBody, CompletionBody
+
+MAX_PROMPTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may ask for."""
+
+    max_n: int = 16
+    max_tokens: int = 4096
+    max_chains: int = 64
+
+
+def blocks_for(max_tokens: int, num_blocks: int) -> tuple[int, int]:
+    """``(block_size, num_blocks)`` with ``block_size × num_blocks == max_tokens``: the largest
+    number of blocks that divides ``max_tokens`` and is at most ``num_blocks``."""
+    for blocks in range(min(num_blocks, max_tokens), 0, -1):
+        if max_tokens % blocks == 0:
+            return max_tokens // blocks, blocks
+    raise AssertionError("1 divides every length")
+
+
+def settings_for(base: SamplerSettings, body: CompletionBody | ChatBody) -> SamplerSettings:
+    """The config's sampler settings with the request's overrides and ``max_tokens``."""
+    changes = body.sampler_overrides()
+    data = base.model_dump(mode="json")
+    data.pop("traversals")
+    if isinstance(changes.get("sampler"), dict):  # {kind: ..., own settings}: the block form
+        for key in SamplerSettings.model_fields:
+            if key in changes["sampler"] and key not in changes:
+                data.pop(key, None)
+    data.update(changes)
+    if body.max_tokens is not None:
+        if "block_size" in changes and "num_blocks" in changes:
+            if changes["block_size"] * changes["num_blocks"] != body.max_tokens:
+                raise invalid(
+                    f"max_tokens = {body.max_tokens} but block_size x num_blocks = "
+                    f"{changes['block_size']} x {changes['num_blocks']}; give one or the other",
+                    param="max_tokens",
+                )
+        elif "block_size" in changes:
+            if body.max_tokens % changes["block_size"]:
+                raise invalid(
+                    f"max_tokens = {body.max_tokens} is not a multiple of block_size = "
+                    f"{changes['block_size']}",
+                    param="max_tokens",
+                )
+            data["num_blocks"] = body.max_tokens // changes["block_size"]
+        else:
+            data["block_size"], data["num_blocks"] = blocks_for(
+                body.max_tokens, int(data["num_blocks"])
+            )
+    try:
+        return SamplerSettings.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "sampler"
+        param = str(first["loc"][0]) if first["loc"] else "sampler"
+        raise invalid(f"{loc}: {first['msg']}", param=param) from None
+
+
+def traversal_for(body: CompletionBody | ChatBody, default: str) -> str:
+    traversal = body.traversal or default
+    valid = arm_traversal_names()
+    if traversal not in valid:
+        raise invalid(
+            f"unknown traversal {traversal!r}; valid traversals are: {', '.join(valid)}",
+            param="traversal",
+        )
+    return traversal
+
+
+async def prompt_ids(
+    engine: ServedEngine, body: CompletionBody | ChatBody
+) -> list[tuple[int, ...]]:
+    """The request's prompts as token ids under the engine's tokenizer."""
+    if isinstance(body, ChatBody):
+        return [await _encode_chat(engine, body)]
+    prompt: Any = body.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    if not prompt:
+        raise invalid("prompt is empty", param="prompt")
+    if len(prompt) > MAX_PROMPTS:
+        raise invalid(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    out: list[tuple[int, ...]] = []
+    for p in prompt:
+        if isinstance(p, str):
+            out.append(await _encode(engine, p, chat=False, system=None))
+        else:
+            if not p:
+                raise invalid("a prompt of zero tokens", param="prompt")
+            out.append(tuple(int(t) for t in p))
+    return out
+
+
+async def _encode_chat(engine: ServedEngine, body: ChatBody) -> tuple[int, ...]:
+    """The conversation through the engine's chat template. An engine that renders whole
+    conversations gets every turn; one that only templates a single user turn (with an
+    optional system prompt) gets that, and anything longer is refused."""
+    if not engine.can_tokenize:
+        raise invalid(
+            f"engine {engine.name} ({engine.kind}) cannot tokenize text; send the prompt as "
+            "token ids to /v1/completions",
+            param="messages",
+        )
+    if body.messages[-1].role == "assistant":
+        raise invalid(
+            "messages: the last message is the assistant's; end with a user message (to "
+            "continue a partial assistant answer, send the templated text as the prompt to "
+            "/v1/completions)",
+            param="messages",
+        )
+    if engine.can_tokenize_chat:
+        turns = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            for m in body.messages
+        ]
+        return await engine.tokenize_messages(turns)
+    messages = list(body.messages)
+    system = None
+    if messages[0].role in ("system", "developer"):
+        system = messages.pop(0).content
+    if len(messages) != 1 or messages[0].role != "user":
+        raise invalid(
+            f"messages: engine {engine.name} ({engine.kind}) applies its chat template to one "
+            "user message (and an optional system message) only; render the conversation "
+            "with the model's chat template and send it to /v1/completions as the prompt",
+            param="messages",
+        )
+    return await _encode(engine, messages[0].content, chat=True, system=system)
+
+
+async def _encode(
+    engine: ServedEngine, text: str, *, chat: bool, system: str | None
+) -> tuple[int, ...]:
+    if not engine.can_tokenize:
+        raise invalid(
+            f"engine {engine.name} ({engine.kind}) cannot tokenize text; send the prompt as "
+            "token ids to /v1/completions",
+            param="messages" if chat else "prompt",
+        )
+    return await engine.tokenize(text, chat=chat, system_prompt=system)
+
+
+def check_request(
+    engine: ServedEngine,
+    body: CompletionBody | ChatBody,
+    prompts: list[tuple[int, ...]],
+    settings: SamplerSettings,
+    limits: Limits,
+) -> None:
+    """Sizes the service allows and the engine's context can hold."""
+    if body.n > limits.max_n:
+        raise invalid(f"n = {body.n} is above this server's limit of {limits.max_n}", param="n")
+    if body.n * len(prompts) > limits.max_chains:
+        raise invalid(
+            f"{len(prompts)} prompt(s) x n = {body.n} chains is above this server's limit of "
+            f"{limits.max_chains} per request",
+            param="n",
+        )
+    length = settings.block_size * settings.num_blocks
+    if length > limits.max_tokens:
+        raise invalid(
+            f"max_tokens = {length} is above this server's limit of {limits.max_tokens}",
+            param="max_tokens",
+        )
+    vocab = getattr(engine.config.engines[0], "vocab_size", None)
+    for p in prompts:
+        if vocab is not None and any(t < 0 or t >= vocab for t in p):
+            raise invalid(f"a prompt token id is outside the vocabulary [0, {vocab})", "prompt")
+    limit = engine.max_model_len
+    longest = max(len(p) for p in prompts)
+    if limit is not None and longest + length > limit:
+        raise invalid(
+            f"the prompt ({longest} tokens) and max_tokens ({length}) need {longest + length} "
+            f"tokens; the model's context is {limit}",
+            param="max_tokens" if longest < limit else "prompt",
+            code="context_length_exceeded",
+        )
+    if body.stops() and not engine.can_detokenize:
+        raise invalid(
+            f"stop needs the response text; engine {engine.name} ({engine.kind}) cannot detokenize",
+            param="stop",
+        )
+
+
+async def batch_for(
+    engine: ServedEngine, body: CompletionBody | ChatBody, default_traversal: str, limits: Limits
+) -> ChainBatch:
+    """The request's chains (prompts tokenized, settings validated, sizes checked)."""
+    settings = settings_for(engine.config.sampler, body)
+    traversal = traversal_for(body, default_traversal)
+    prompts = await prompt_ids(engine, body)
+    check_request(engine, body, prompts, settings, limits)
+    try:
+        sampler = sampler_for(settings, engine.eos_token_id)
+    except ValueError as exc:
+        raise invalid(f"sampler: {exc}", param="sampler") from None
+    seed = body.seed if body.seed is not None else secrets.randbits(32)
+    return ChainBatch(
+        prompts=tuple(prompts),
+        sampler=sampler,
+        traversal=traversal,
+        n_pf=chain_window(settings, traversal),
+        n=body.n,
+        seed=seed,
+    )

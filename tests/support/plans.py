@@ -1,0 +1,20 @@
+"""The tests' face: a job config's plan with its prompts read (as ``presto run`` does)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from presto_client.orchestration.config import JobConfig
+from presto_client.orchestration.loading import load_prompts
+from presto_client.orchestration.plan import make_plan
+from presto_client.orchestration.planned import JobPlan
+
+
+def plan_of(
+    cfg: JobConfig,
+    *,
+    engines: Sequence[str] | None = None,
+    traversals: Sequence[str] | None = None,
+) -> JobPlan:
+    """``make_plan`` of ``cfg`` over the prompts it names."""
+    return make_plan(cfg, load_prompts(cfg), engines=engines, traversals=traversals)
