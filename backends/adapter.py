@@ -144,6 +144,31 @@ class Adapter:
     ) -> TokenLogprobs:
         raise NotImplementedError
 
+    def build_score_calls(
+        self, prefix: Sequence[int], token_ids: Sequence[int], model: str, top_k: int, *, label: str
+    ) -> list[HttpCall]:
+        """The calls of one scoring (:meth:`build_score`'s one call, unless a dialect needs
+        several, e.g. one per position)."""
+        return [self.build_score(prefix, token_ids, model, top_k, label=label)]
+
+    def parse_score_bodies(
+        self,
+        prefix: Sequence[int],
+        token_ids: Sequence[int],
+        bodies: Sequence[Any],
+        top_k: int,
+        *,
+        label: str,
+    ) -> TokenLogprobs:
+        """The answers of :meth:`build_score_calls`' calls, in order, as one record."""
+        return self.parse_score(prefix, token_ids, bodies[0], top_k, label=label)
+
+    def continuation(self, request: ProposalRequest, got: TokenLogprobs) -> ProposalRequest | None:
+        """The request for the rest of ``request`` when an answer legitimately brought fewer
+        tokens (``got``, all received so far); ``None``: a short answer is an error (the
+        parsers of most dialects refuse it already)."""
+        return None
+
     def build_next_token_topk(
         self, contexts: Sequence[Sequence[int]], temperature: float, model: str, *, label: str
     ) -> list[HttpCall]:

@@ -223,17 +223,36 @@ class HttpEngine:
         )
 
     async def _generate_one(self, request: ProposalRequest, model: str, label: str) -> ScoredTokens:
-        call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
-        )
-        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
+        generated = await self._generate_tokens(request, model, label)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
         raw = await self._score_raw(request.prefix, generated.token_ids.tolist(), model, label)
         return scored_from_scaled(
             generated, request.temperature, raw, request.scores, self.spec.vocab_size
         )
+
+    async def _generate_tokens(
+        self, request: ProposalRequest, model: str, label: str
+    ) -> TokenLogprobs:
+        """The proposal's tokens, asking for the rest while an answer stops legitimately short
+        (the adapter's :meth:`~backends.adapter.Adapter.continuation`)."""
+        part, out = request, None
+        while True:
+            call = self.adapter.build_generate(part, model, label=label)
+            body = await self.transport.request_json(
+                "POST", call.path, call.payload, label=label, max_bytes=self._cap(part.num_tokens)
+            )
+            got = self._checked(self.adapter.parse_generate(part, body, label=label), label)
+            out = got if out is None else out.concat(got)
+            if len(got) >= part.num_tokens:
+                return out
+            following = self.adapter.continuation(request, out) if len(got) else None
+            if following is None:
+                raise InvalidResponseError(
+                    f"{label}: the engine returned {len(out)} of {request.num_tokens} tokens",
+                    engine=self.name,
+                )
+            part = following
 
     async def _score_raw(
         self,
@@ -245,13 +264,16 @@ class HttpEngine:
     ) -> TokenLogprobs:
         k = self.spec.top_k if top_k is None else top_k
         slabel = f"scoring of {label}"
-        call = self.adapter.build_score(prefix, token_ids, model, k, label=slabel)
+        calls = self.adapter.build_score_calls(prefix, token_ids, model, k, label=slabel)
         cap = self._cap(len(prefix) + len(token_ids), k)
-        body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=slabel, max_bytes=cap
+        bodies = await gather_or_fail(
+            [
+                self.transport.request_json("POST", c.path, c.payload, label=c.label, max_bytes=cap)
+                for c in calls
+            ]
         )
         return self._checked(
-            self.adapter.parse_score(prefix, token_ids, body, k, label=slabel), slabel
+            self.adapter.parse_score_bodies(prefix, token_ids, bodies, k, label=slabel), slabel
         )
 
     # ---- stream

@@ -56,8 +56,8 @@ build() {
     src=$work/llama_cpp_python-$LCP_PY_VERSION/vendor/llama.cpp
     [[ -f $src/CMakeLists.txt ]] || die "no vendored llama.cpp in the sdist"
     nice -n 10 cmake -S "$src" -B "$work/b" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=OFF -DGGML_AVX="$(cpu_flag avx)" \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DGGML_AVX="$(cpu_flag avx)" \
         -DGGML_AVX2="$(cpu_flag avx2)" -DGGML_FMA="$(cpu_flag fma)" -DGGML_F16C="$(cpu_flag f16c)" \
         -DGGML_AVX512="$(cpu_flag avx512f)" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
         -DGGML_AMX_BF16=OFF >&2

@@ -1,0 +1,303 @@
+"""llama.cpp's ``llama-server``, native ``/completion`` dialect: raw one-call mode.
+
+What its probabilities are (read in ``tools/server/server-context.cpp`` and measured): with
+``n_probs: K`` and ``post_sampling_probs: false`` every generated token carries ``logprob``, the
+softmax of the model's *raw* logits over the whole vocabulary (before temperature, logit biases
+and samplers; float32), i.e. ``log p0``, and the top-``K`` of that same distribution. So ``log
+q_τ`` is the certified interval from the top-K, as for vLLM's raw mode. ``post_sampling_probs:
+true`` would return the distribution after the sampler chain instead (never both).
+
+Traps, each handled here:
+
+* ``ignore_eos: true`` does not just keep generating: it puts a ``-inf`` logit bias on every
+  end-of-generation token, so the proposal never samples EOS while ``log p0`` still gives it its
+  mass: the proposal law would not be ``p0^(1/τ)``. It is never sent. A generation that samples
+  an end-of-generation token stops there (``stop_type: "eos"``); :meth:`continuation` asks for
+  the rest after it (the EOS in the prompt, a seed derived from the proposal's), which is the same
+  law as sampling on through it.
+* A token whose text ends inside a UTF-8 character gets no ``completion_probabilities`` entry
+  (the server holds the text back and never adds the token's probabilities), so an answer with
+  fewer probability entries than ``tokens`` is refused by name.
+* Samplers: ``samplers: ["temperature"]`` makes temperature the only sampler before the final
+  draw (top-k, top-p, min-p, typical, penalties, DRY, XTC are not in the chain); the knobs are
+  sent neutral too, mirostat off (it replaces the chain), dynamic temperature off.
+* ``seed`` is a uint32 and ``0xFFFFFFFF`` means "random": seeds are reduced below it.
+
+Exact scores: no prompt-logprob route exists, but a one-token generation whose sampled token is
+forced by a logit bias reports the raw ``log p0`` of that token (logit biases act after the
+reported probabilities), with the raw top-K or, with ``n_probs`` past the vocabulary, the whole
+row; one request per position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from backends.adapter import RAW, Adapter, HttpCall
+from backends.parsing import (
+    TokenLogprobs,
+    check_ids,
+    logprob_value,
+    token_id_value,
+    topk_rows,
+)
+from presto_client.core.engine_protocol import ProposalRequest
+from presto_client.errors import InvalidResponseError
+
+SEED_MODULUS = 0xFFFFFFFF
+"""llama.cpp's seed is a uint32 and ``LLAMA_DEFAULT_SEED = 0xFFFFFFFF`` draws a random one."""
+FULL_ROW = 2**31 - 1
+"""``n_probs`` past the vocabulary: the server clamps it to the whole row."""
+FORCE_BIAS = 1e9
+"""A logit bias that makes the given token the one sampled (scoring requests)."""
+CONTINUATION_SALT = 0x9E3779B1
+
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "samplers": ["temperature"],
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "top_n_sigma": -1.0,
+    "xtc_probability": 0.0,
+    "dynatemp_range": 0.0,
+    "mirostat": 0,
+    "repeat_penalty": 1.0,
+    "repeat_last_n": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0,
+    "ignore_eos": False,
+    "post_sampling_probs": False,
+    "backend_sampling": False,
+    "cache_prompt": True,
+    "return_tokens": True,
+}
+RESPONSE_FIELDS = [
+    "tokens",
+    "completion_probabilities",
+    "stop_type",
+    "truncated",
+    "tokens_predicted",
+    "index",
+]
+"""What is read of an answer (the server leaves out the rest: settings, the prompt's text)."""
+
+
+def request_seed(seed: int) -> int:
+    """``seed`` as a llama.cpp seed (a uint32 other than the 'random' value)."""
+    return int(seed) % SEED_MODULUS
+
+
+def continuation_seed(seed: int, offset: int) -> int:
+    """The seed of the rest of a proposal after ``offset`` tokens ended in an EOS (the RNG
+    stream restarts there, so the rest needs its own, fixed by the proposal's seed)."""
+    return (int(seed) * CONTINUATION_SALT + int(offset)) % SEED_MODULUS
+
+
+def _body(body: Any, label: str) -> dict[str, Any]:
+    if isinstance(body, list):
+        if len(body) != 1:
+            raise InvalidResponseError(f"{label}: {len(body)} results, expected 1")
+        body = body[0]
+    if not isinstance(body, dict):
+        raise InvalidResponseError(f"{label}: the response is not a JSON object")
+    if body.get("error"):
+        err = body["error"]
+        msg = err.get("message") if isinstance(err, dict) else err
+        raise InvalidResponseError(f"{label}: the engine reported an error: {msg}")
+    return body
+
+
+def _entry_id(entry: Any, label: str, what: str) -> int:
+    if not isinstance(entry, dict):
+        raise InvalidResponseError(f"{label}: malformed {what}: {str(entry)[:80]}")
+    return token_id_value(entry.get("id"), label=label, what=what)
+
+
+def parse_probabilities(probs: Any, k: int, *, label: str, full_row: bool = False) -> TokenLogprobs:
+    """``completion_probabilities`` (``[{id, logprob, top_logprobs: [{id, logprob}]}]``) as
+    normalised records; ``full_row``: keep every entry of the rows (a whole vocabulary)."""
+    if not isinstance(probs, list):
+        raise InvalidResponseError(
+            f"{label}: the answer has no completion_probabilities (was n_probs > 0 sent?)"
+        )
+    ids: list[int] = []
+    values: list[float] = []
+    rows: list[list[tuple[int, float]]] = []
+    for i, item in enumerate(probs):
+        what = f"completion_probabilities[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidResponseError(f"{label}: malformed {what}")
+        if "logprob" not in item and "prob" in item:
+            raise InvalidResponseError(
+                f"{label}: {what} carries post-sampling probabilities ('prob'), not raw "
+                "logprobs: send post_sampling_probs: false"
+            )
+        ids.append(_entry_id(item, label, what))
+        values.append(logprob_value(item.get("logprob"), label=label, what=what))
+        top = item.get("top_logprobs")
+        if not isinstance(top, list):
+            raise InvalidResponseError(f"{label}: {what}.top_logprobs is missing")
+        rows.append(
+            [
+                (
+                    _entry_id(e, label, f"{what}.top_logprobs"),
+                    logprob_value(e.get("logprob"), label=label, what=f"{what}.top_logprobs"),
+                )
+                for e in top
+            ]
+        )
+    width = max((len(r) for r in rows), default=0) if full_row else k
+    top_ids, top_lps = topk_rows(rows, width, label=label)
+    return TokenLogprobs(np.asarray(ids, dtype=np.int64), np.asarray(values), top_ids, top_lps)
+
+
+def parse_completion(
+    body: Any, k: int, num_tokens: int, *, label: str, full_row: bool = False
+) -> TokenLogprobs:
+    """One ``/completion`` answer: its tokens with their raw logprobs and top-K, checked.
+
+    Fewer tokens than asked for are returned only when the generation stopped at an
+    end-of-generation token (``stop_type: "eos"``, the last token); anything else short is an
+    error, as are probability entries that do not line up with the tokens.
+    """
+    body = _body(body, label)
+    out = parse_probabilities(
+        body.get("completion_probabilities"), k, label=label, full_row=full_row
+    )
+    tokens = body.get("tokens")
+    if isinstance(tokens, list) and tokens:
+        if len(tokens) != len(out):
+            raise InvalidResponseError(
+                f"{label}: {len(tokens)} tokens but {len(out)} probability entries: llama.cpp "
+                "sends no probabilities for a token that ends inside a UTF-8 character, so "
+                "this proposal cannot be scored"
+            )
+        check_ids(out.token_ids, [int(t) for t in tokens], label=label)
+    if body.get("truncated"):
+        raise InvalidResponseError(
+            f"{label}: the server truncated the generation at its context size; start "
+            "llama-server with a larger -c (the context is shared by its -np slots)"
+        )
+    stop = body.get("stop_type")
+    if len(out) > num_tokens or (len(out) < num_tokens and stop != "eos"):
+        raise InvalidResponseError(
+            f"{label}: the engine returned {len(out)} tokens, {num_tokens} were requested "
+            f"(stop_type {stop!r})"
+        )
+    return out
+
+
+class LlamaCppAdapter(Adapter):
+    dialect: ClassVar[str] = "llamacpp"
+    modes: ClassVar[tuple[str, ...]] = (RAW,)
+    default_mode: ClassVar[str] = RAW
+    models_path: ClassVar[str] = "/v1/models"
+    metric_names: ClassVar[tuple[str, str] | None] = None
+    streaming: ClassVar[bool] = False
+    max_top_k: ClassVar[int | None] = None
+    start_hint: ClassVar[str] = (
+        "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics`; or "
+        "`bash scripts/llamacpp.sh start` for the CPU test server (port 8790)"
+    )
+    tokenize_paths: ClassVar[tuple[str, ...]] = ("/tokenize",)
+    detokenize_paths: ClassVar[tuple[str, ...]] = ("/detokenize",)
+
+    @property
+    def can_score(self) -> bool:
+        return True
+
+    def _payload(self, prefix: Sequence[int], n: int, temperature: float, seed: int) -> dict:
+        if not prefix:
+            raise ValueError("a proposal needs a non-empty prefix (the prompt)")
+        return {
+            "prompt": [int(t) for t in prefix],
+            "n_predict": int(n),
+            "temperature": float(temperature),
+            "seed": int(seed),
+            "n_probs": int(self.spec.top_k),
+            **NEUTRAL_SAMPLING,
+            "response_fields": RESPONSE_FIELDS,
+            "stream": False,
+        }
+
+    def build_generate(
+        self, request: ProposalRequest, model: str, *, label: str, stream: bool = False
+    ) -> HttpCall:
+        payload = self._payload(
+            request.prefix, request.num_tokens, request.temperature, request_seed(request.seed)
+        )
+        return HttpCall("/completion", payload, label)
+
+    def parse_generate(self, request: ProposalRequest, body: Any, *, label: str) -> TokenLogprobs:
+        return parse_completion(body, self.spec.top_k, request.num_tokens, label=label)
+
+    def continuation(self, request: ProposalRequest, got: TokenLogprobs) -> ProposalRequest:
+        """The rest of ``request`` after ``got``, which ended in an end-of-generation token."""
+        offset = len(got)
+        return ProposalRequest(
+            (*request.prefix, *got.token_ids.tolist()),
+            request.num_tokens - offset,
+            request.temperature,
+            continuation_seed(request.seed, offset),
+            request.scores,
+        )
+
+    # ---- scoring: one forced one-token generation per position
+
+    def build_score_calls(
+        self, prefix: Sequence[int], token_ids: Sequence[int], model: str, top_k: int, *, label: str
+    ) -> list[HttpCall]:
+        if not prefix:
+            raise ValueError("scoring needs a non-empty prefix")
+        calls = []
+        for j, token in enumerate(token_ids):
+            payload = self._payload((*prefix, *token_ids[:j]), 1, 1.0, 0)
+            payload["n_probs"] = FULL_ROW if top_k < 0 else max(int(top_k), 1)
+            payload["logit_bias"] = [[int(token), FORCE_BIAS]]
+            calls.append(HttpCall("/completion", payload, f"{label} (token {j})"))
+        return calls
+
+    def parse_score_bodies(
+        self,
+        prefix: Sequence[int],
+        token_ids: Sequence[int],
+        bodies: Sequence[Any],
+        top_k: int,
+        *,
+        label: str,
+    ) -> TokenLogprobs:
+        if len(bodies) != len(token_ids):
+            raise InvalidResponseError(f"{label}: {len(bodies)} answers for {len(token_ids)}")
+        full = top_k < 0
+        out: TokenLogprobs | None = None
+        for j, body in enumerate(bodies):
+            row = parse_completion(body, top_k, 1, label=f"{label} (token {j})", full_row=full)
+            out = row if out is None else out.concat(row)
+        if out is None:
+            return TokenLogprobs.empty(max(top_k, 0))
+        if not full:
+            out = TokenLogprobs(
+                out.token_ids, out.logprobs, out.top_ids[:, :top_k], out.top_logprobs[:, :top_k]
+            )
+        check_ids(out.token_ids, token_ids, label=label)
+        return out
+
+    def full_vocab_top_k(self) -> int | None:
+        return -1
+
+    def hint_for_seeds(self) -> str:
+        return (
+            "identical seeds gave different tokens: is llama-server running with speculative "
+            "decoding or a draft model? (start it without)"
+        )
+
+    def hint_for_scoring(self) -> str:
+        return (
+            "llama.cpp scores a token by a forced one-token generation per position; the "
+            "server refused it"
+        )
