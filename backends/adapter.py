@@ -232,6 +232,11 @@ class Adapter:
             payload = {"model": model, **payload}
         return [HttpCall(path, payload, "tokenize") for path in self.tokenize_paths]
 
+    def tokenize_next(self, body: Any) -> list[HttpCall] | None:
+        """Calls to send next with a tokenizer answer that is not the token ids yet (a chat
+        template's text, say), one per endpoint to try; ``None``: ``body`` is the answer."""
+        return None
+
     def parse_tokenize(self, body: Any) -> tuple[int, ...]:
         """The token ids of a tokenize answer (``{"tokens": [...]}``)."""
         tokens = body.get("tokens") if isinstance(body, dict) else None

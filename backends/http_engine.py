@@ -519,7 +519,7 @@ class HttpEngine:
         calls = self.adapter.build_tokenize(
             text, await self.model(), chat_template=chat_template, system_prompt=system_prompt
         )
-        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        body = await self._tokenizer_answer(calls)
         try:
             return self.adapter.parse_tokenize(body)
         except InvalidResponseError as exc:
@@ -528,11 +528,17 @@ class HttpEngine:
     async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
         """Token ids of a conversation through the served model's chat template."""
         calls = self.adapter.build_tokenize_messages(messages, await self.model())
-        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        body = await self._tokenizer_answer(calls)
         try:
             return self.adapter.parse_tokenize(body)
         except InvalidResponseError as exc:
             raise InvalidResponseError(str(exc), engine=self.name) from None
+
+    async def _tokenizer_answer(self, calls: Sequence[HttpCall]) -> Any:
+        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        while (following := self.adapter.tokenize_next(body)) is not None:
+            body = await self._first_answer(following, "tokenize", "give prompts.token_ids, or use")
+        return body
 
     async def detokenize(self, token_ids: Sequence[int]) -> str | None:
         """The text of ``token_ids`` (``None`` when the server's answer has none)."""

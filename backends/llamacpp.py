@@ -31,7 +31,7 @@ row; one request per position.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -71,9 +71,14 @@ NEUTRAL_SAMPLING: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "dry_multiplier": 0.0,
     "ignore_eos": False,
+    # An empty list replaces the server's biases (--ignore-eos puts -inf on EOS there).
+    "logit_bias": [],
     "post_sampling_probs": False,
     "backend_sampling": False,
     "cache_prompt": True,
+    # Cache reuse by KV shifting re-rotates cached keys: logprobs would depend on what the
+    # slot held before. Plain prefix reuse (cache_prompt) keeps the computed keys as they are.
+    "n_cache_reuse": 0,
     "return_tokens": True,
 }
 RESPONSE_FIELDS = [
@@ -246,6 +251,41 @@ class LlamaCppAdapter(Adapter):
             continuation_seed(request.seed, offset),
             request.scores,
         )
+
+    # ---- the tokenizer: /tokenize takes "content"; a conversation goes through
+    # /apply-template first (its answer's "prompt" is then tokenized)
+
+    def build_tokenize(
+        self,
+        text: str,
+        model: str | None,
+        *,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+    ) -> list[HttpCall]:
+        if chat_template:
+            return super().build_tokenize(
+                text, model, chat_template=True, system_prompt=system_prompt
+            )
+        payload = {"content": text, "add_special": True, "parse_special": True}
+        return [HttpCall("/tokenize", payload, "tokenize")]
+
+    def build_tokenize_messages(
+        self, messages: Sequence[Mapping[str, str]], model: str | None
+    ) -> list[HttpCall]:
+        payload = {"messages": [dict(m) for m in messages], "add_generation_prompt": True}
+        return [HttpCall("/apply-template", payload, "chat template")]
+
+    def tokenize_next(self, body: Any) -> list[HttpCall] | None:
+        if isinstance(body, dict) and "tokens" not in body and isinstance(body.get("prompt"), str):
+            # The template wrote the special tokens as text: parse them, add no BOS of its own.
+            payload = {"content": body["prompt"], "add_special": False, "parse_special": True}
+            return [HttpCall("/tokenize", payload, "tokenize")]
+        return None
+
+    def parse_detokenize(self, body: Any) -> str | None:
+        text = body.get("content") if isinstance(body, dict) else None
+        return text if isinstance(text, str) else None
 
     # ---- scoring: one forced one-token generation per position
 
