@@ -66,9 +66,7 @@ async def test_probe_tokenizer_and_model(llamacpp_server: str) -> None:
         assert ids[0] == 1 and ids.count(1) == 3 and ids[-1] != 2
         text = await eng.detokenize(list(ids))
         assert text is not None and "17 times 23" in text
-        print(
-            f"\nprobe: model {report.model}, {report.details}, max |Δ| {report.max_abs_logprob_diff:.2g}"
-        )
+        print(f"\nprobe: {report.details}, max |Δ| {report.max_abs_logprob_diff:.2g}")
     finally:
         await eng.aclose()
 
@@ -168,15 +166,15 @@ async def test_sequential_and_stream_chains_are_the_same(llamacpp_server: str) -
 async def test_errors_name_the_cause(llamacpp_server: str) -> None:
     eng = engine(llamacpp_server)
     try:
-        with httpx.Client(base_url=llamacpp_server, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=llamacpp_server, timeout=60) as client:
             # What the server answers to a token id outside the vocabulary.
-            r = client.post("/completion", json={"prompt": [VOCAB + 5], "n_predict": 1})
+            r = await client.post("/completion", json={"prompt": [VOCAB + 5], "n_predict": 1})
             assert r.status_code == 400 and "invalid" in r.text.lower()
         req = ProposalRequest((VOCAB + 5,), 4, TAU, 1, ScoreSpec((TAU,)))
-        with pytest.raises(Exception, match="(?i)invalid"):
+        with pytest.raises(Exception, match=r"(?i)invalid"):
             await eng.generate([req])
         bad = engine("http://127.0.0.1:9", restart_window_s=0.0)
-        with pytest.raises(Exception, match="llamacpp.sh start"):
+        with pytest.raises(Exception, match=r"llamacpp\.sh start"):
             await bad.probe()
         await bad.aclose()
     finally:
