@@ -23,6 +23,7 @@ from backends.http_engine import HttpEngine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreRequest, ScoreSpec
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
+from presto_client.errors import EngineRequestError, EngineUnavailableError, InvalidResponseError
 
 pytestmark = pytest.mark.llamacpp
 
@@ -138,6 +139,19 @@ async def test_generation_goes_on_through_an_eos(llamacpp_server: str) -> None:
         await eng.aclose()
 
 
+async def test_a_token_inside_a_utf8_character_is_refused_by_name(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        prompt = await eng.tokenize("Say hi.", chat_template=True)
+        # SmolLM2 answers with an emoji: its first byte-level piece leaves the text inside a
+        # UTF-8 character, and llama-server sends no probabilities for that token.
+        req = ProposalRequest(prompt, 16, TAU, 420915428, ScoreSpec((TAU, 1.0)))
+        with pytest.raises(InvalidResponseError, match="UTF-8"):
+            await eng.generate([req])
+    finally:
+        await eng.aclose()
+
+
 async def test_sequential_and_stream_chains_are_the_same(llamacpp_server: str) -> None:
     eng = engine(llamacpp_server)
     try:
@@ -171,10 +185,10 @@ async def test_errors_name_the_cause(llamacpp_server: str) -> None:
             r = await client.post("/completion", json={"prompt": [VOCAB + 5], "n_predict": 1})
             assert r.status_code == 400 and "invalid" in r.text.lower()
         req = ProposalRequest((VOCAB + 5,), 4, TAU, 1, ScoreSpec((TAU,)))
-        with pytest.raises(Exception, match=r"(?i)invalid"):
+        with pytest.raises(EngineRequestError, match=r"(?i)invalid"):
             await eng.generate([req])
         bad = engine("http://127.0.0.1:9", restart_window_s=0.0)
-        with pytest.raises(Exception, match=r"llamacpp\.sh start"):
+        with pytest.raises(EngineUnavailableError, match=r"llamacpp\.sh start"):
             await bad.probe()
         await bad.aclose()
     finally:
