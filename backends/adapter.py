@@ -163,6 +163,16 @@ class Adapter:
         """The answers of :meth:`build_score_calls`' calls, in order, as one record."""
         return self.parse_score(prefix, token_ids, bodies[0], top_k, label=label)
 
+    def repair_calls(self, request: ProposalRequest, body: Any, *, label: str) -> list[HttpCall]:
+        """Calls that fetch what a generation answer lacks (none: the answer is whole)."""
+        return []
+
+    def parse_generate_with(
+        self, request: ProposalRequest, body: Any, repairs: Sequence[Any], *, label: str
+    ) -> TokenLogprobs:
+        """:meth:`parse_generate`, completed by the answers of :meth:`repair_calls`."""
+        return self.parse_generate(request, body, label=label)
+
     def continuation(self, request: ProposalRequest, got: TokenLogprobs) -> ProposalRequest | None:
         """The request for the rest of ``request`` when an answer legitimately brought fewer
         tokens (``got``, all received so far); ``None``: a short answer is an error (the

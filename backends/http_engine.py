@@ -242,7 +242,21 @@ class HttpEngine:
             body = await self.transport.request_json(
                 "POST", call.path, call.payload, label=label, max_bytes=self._cap(part.num_tokens)
             )
-            got = self._checked(self.adapter.parse_generate(part, body, label=label), label)
+            fixes = self.adapter.repair_calls(part, body, label=label)
+            extra = (
+                await gather_or_fail(
+                    [
+                        self.transport.request_json(
+                            "POST", c.path, c.payload, label=c.label, max_bytes=self._cap(1, -1)
+                        )
+                        for c in fixes
+                    ]
+                )
+                if fixes
+                else []
+            )
+            parsed = self.adapter.parse_generate_with(part, body, extra, label=label)
+            got = self._checked(parsed, label)
             out = got if out is None else out.concat(got)
             if len(got) >= part.num_tokens:
                 return out

@@ -161,11 +161,46 @@ def parse_probabilities(probs: Any, k: int, *, label: str, full_row: bool = Fals
     return TokenLogprobs(np.asarray(ids, dtype=np.int64), np.asarray(values), top_ids, top_lps)
 
 
+def held_back_positions(
+    tokens: Sequence[int], entry_ids: Sequence[int], *, label: str
+) -> list[int]:
+    """Positions of the tokens that got no probability entry (their text ended inside a UTF-8
+    character, so the server held it back and recorded nothing): every entry belongs to the
+    token that completed the character, so the held-back ones are the gaps of an in-order match
+    of the entries' ids to the tokens. A match that two positions could take is refused."""
+    missing = len(tokens) - len(entry_ids)
+    if missing < 0:
+        raise InvalidResponseError(f"{label}: more probability entries than tokens")
+    out: list[int] = []
+    pos = 0
+    for m, token in enumerate(entry_ids):
+        last = min(pos + missing - len(out), len(tokens) - (len(entry_ids) - m))
+        places = [p for p in range(pos, last + 1) if int(tokens[p]) == int(token)]
+        if len(places) != 1:
+            raise InvalidResponseError(
+                f"{label}: {missing} token(s) came without probabilities (their text ends inside "
+                "a UTF-8 character) and the answer does not say which: the proposal cannot be "
+                "scored"
+            )
+        out.extend(range(pos, places[0]))
+        pos = places[0] + 1
+    out.extend(range(pos, len(tokens)))
+    return out
+
+
 def parse_completion(
-    body: Any, k: int, num_tokens: int, *, label: str, full_row: bool = False
+    body: Any,
+    k: int,
+    num_tokens: int,
+    *,
+    label: str,
+    full_row: bool = False,
+    repairs: Sequence[Any] = (),
 ) -> TokenLogprobs:
     """One ``/completion`` answer: its tokens with their raw logprobs and top-K, checked.
 
+    ``repairs``: the answers of :meth:`LlamaCppAdapter.repair_calls` (a whole row after each
+    held-back token's context), which fill the positions that came without probabilities.
     Fewer tokens than asked for are returned only when the generation stopped at an
     end-of-generation token (``stop_type: "eos"``, the last token); anything else short is an
     error, as are probability entries that do not line up with the tokens.
@@ -176,13 +211,10 @@ def parse_completion(
     )
     tokens = body.get("tokens")
     if isinstance(tokens, list) and tokens:
+        tokens = [token_id_value(t, label=label, what="tokens") for t in tokens]
         if len(tokens) != len(out):
-            raise InvalidResponseError(
-                f"{label}: {len(tokens)} tokens but {len(out)} probability entries: llama.cpp "
-                "sends no probabilities for a token that ends inside a UTF-8 character, so "
-                "this proposal cannot be scored"
-            )
-        check_ids(out.token_ids, [int(t) for t in tokens], label=label)
+            out = _fill_held_back(out, tokens, repairs, k, label=label)
+        check_ids(out.token_ids, tokens, label=label)
     if body.get("truncated"):
         raise InvalidResponseError(
             f"{label}: the server truncated the generation at its context size; start "
@@ -195,6 +227,41 @@ def parse_completion(
             f"(stop_type {stop!r})"
         )
     return out
+
+
+def _fill_held_back(
+    kept: TokenLogprobs, tokens: list[int], repairs: Sequence[Any], k: int, *, label: str
+) -> TokenLogprobs:
+    missing = held_back_positions(tokens, kept.token_ids.tolist(), label=label)
+    if len(repairs) != len(missing):
+        raise InvalidResponseError(
+            f"{label}: {len(tokens)} tokens but {len(kept)} probability entries: llama.cpp "
+            "sends no probabilities for a token that ends inside a UTF-8 character, and the "
+            "rows of those positions were not fetched"
+        )
+    n = len(tokens)
+    ids = np.asarray(tokens, dtype=np.int64)
+    values = np.empty(n)
+    top_ids = np.full((n, k), -1, dtype=np.int64)
+    top_lps = np.full((n, k), -np.inf)
+    have = np.setdiff1d(np.arange(n), np.asarray(missing, dtype=np.int64))
+    values[have] = kept.logprobs
+    top_ids[have] = kept.top_ids[:, :k]
+    top_lps[have] = kept.top_logprobs[:, :k]
+    for j, body in zip(missing, repairs, strict=True):
+        what = f"{label} (the row of held-back token {j})"
+        row = parse_probabilities(
+            _body(body, what).get("completion_probabilities"), k, label=what, full_row=True
+        )
+        if len(row) != 1:
+            raise InvalidResponseError(f"{what}: {len(row)} entries, expected 1")
+        found = np.flatnonzero(row.top_ids[0] == tokens[j])
+        if found.size == 0:
+            raise InvalidResponseError(f"{what}: the whole row lacks token {tokens[j]}")
+        values[j] = row.top_logprobs[0, found[0]]
+        top_ids[j] = row.top_ids[0, :k]
+        top_lps[j] = row.top_logprobs[0, :k]
+    return TokenLogprobs(ids, values, top_ids, top_lps)
 
 
 class LlamaCppAdapter(Adapter):
@@ -240,6 +307,31 @@ class LlamaCppAdapter(Adapter):
 
     def parse_generate(self, request: ProposalRequest, body: Any, *, label: str) -> TokenLogprobs:
         return parse_completion(body, self.spec.top_k, request.num_tokens, label=label)
+
+    def repair_calls(self, request: ProposalRequest, body: Any, *, label: str) -> list[HttpCall]:
+        """One whole-row request per held-back token (no probabilities came for it): the
+        row after its context, whatever token is then drawn (token 0 is forced: a whole
+        piece of text, so the server records it)."""
+        if not isinstance(body, dict):
+            return []
+        tokens, probs = body.get("tokens"), body.get("completion_probabilities")
+        if not (isinstance(tokens, list) and isinstance(probs, list)) or len(tokens) <= len(probs):
+            return []
+        kept = [_entry_id(e, label, "completion_probabilities") for e in probs]
+        calls = []
+        for j in held_back_positions(tokens, kept, label=label):
+            payload = self._payload((*request.prefix, *tokens[:j]), 1, 1.0, 0)
+            payload["n_probs"] = FULL_ROW
+            payload["logit_bias"] = [[0, FORCE_BIAS]]
+            calls.append(HttpCall("/completion", payload, f"{label} (row of token {j})"))
+        return calls
+
+    def parse_generate_with(
+        self, request: ProposalRequest, body: Any, repairs: Sequence[Any], *, label: str
+    ) -> TokenLogprobs:
+        return parse_completion(
+            body, self.spec.top_k, request.num_tokens, label=label, repairs=repairs
+        )
 
     def continuation(self, request: ProposalRequest, got: TokenLogprobs) -> ProposalRequest:
         """The rest of ``request`` after ``got``, which ended in an end-of-generation token."""

@@ -19,6 +19,7 @@ from backends.llamacpp import (
     SEED_MODULUS,
     LlamaCppAdapter,
     continuation_seed,
+    held_back_positions,
     request_seed,
 )
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
@@ -164,3 +165,35 @@ async def test_engine_refuses_an_answer_that_stops_short_without_eos() -> None:
             await engine.generate([_request()])
     finally:
         await engine.aclose()
+
+
+def test_held_back_tokens_are_the_gaps_of_the_in_order_match() -> None:
+    assert held_back_positions([5, 6, 7, 8], [5, 7, 8], label="p") == [1]
+    assert held_back_positions([5, 6, 7, 8], [5, 6], label="p") == [2, 3]  # ends inside one
+    with pytest.raises(InvalidResponseError, match="does not say which"):
+        held_back_positions([5, 6, 6, 8], [5, 6, 8], label="p")
+
+
+async def test_a_held_back_token_gets_its_row_from_a_whole_row_request() -> None:
+    sent: list[dict[str, Any]] = []
+    row = [{"id": i, "logprob": lp} for i, lp in ((6, -0.1), (9, -2.0), (4, -3.0), (1, -5.0))]
+
+    def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        sent.append(payload)
+        if len(sent) == 1:  # token 6 came without probabilities
+            body = _answer([5, 6, 7])
+            del body["completion_probabilities"][1]
+            return json_answer(200, body)
+        forced = {"id": 0, "logprob": -7.0, "top_logprobs": row}
+        return json_answer(200, {"tokens": [0], "completion_probabilities": [forced]})
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    try:
+        (scored,) = await engine.generate([_request(3)])
+    finally:
+        await engine.aclose()
+    assert scored.token_ids.tolist() == [5, 6, 7]
+    assert scored.logp0.tolist() == [-0.5, -0.1, -0.5]
+    assert sent[1]["prompt"] == [10, 11, 12, 5] and sent[1]["n_probs"] == FULL_ROW
+    assert sent[1]["logit_bias"] == [[0, FORCE_BIAS]] and sent[1]["n_predict"] == 1

@@ -23,7 +23,7 @@ from backends.http_engine import HttpEngine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreRequest, ScoreSpec
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.errors import EngineRequestError, EngineUnavailableError, InvalidResponseError
+from presto_client.errors import EngineRequestError, EngineUnavailableError
 
 pytestmark = pytest.mark.llamacpp
 
@@ -139,15 +139,22 @@ async def test_generation_goes_on_through_an_eos(llamacpp_server: str) -> None:
         await eng.aclose()
 
 
-async def test_a_token_inside_a_utf8_character_is_refused_by_name(llamacpp_server: str) -> None:
+async def test_a_token_inside_a_utf8_character_gets_its_row(llamacpp_server: str) -> None:
     eng = engine(llamacpp_server)
     try:
         prompt = await eng.tokenize("Say hi.", chat_template=True)
         # SmolLM2 answers with an emoji: its first byte-level piece leaves the text inside a
-        # UTF-8 character, and llama-server sends no probabilities for that token.
+        # UTF-8 character, and llama-server sends no probabilities for that token; the adapter
+        # fetches that position's whole row.
         req = ProposalRequest(prompt, 16, TAU, 420915428, ScoreSpec((TAU, 1.0)))
-        with pytest.raises(InvalidResponseError, match="UTF-8"):
-            await eng.generate([req])
+        call = eng.adapter.build_generate(req, "m", label="t")
+        body = await eng.transport.request_json("POST", call.path, call.payload, label="t")
+        assert len(body["completion_probabilities"]) < len(body["tokens"])
+        (out,) = await eng.generate([req])
+        assert out.token_ids.tolist() == body["tokens"]
+        assert np.isfinite(out.logp0).all() and (out.logq_lo <= out.logq_hi + 1e-12).all()
+        (again,) = await eng.generate([req])
+        assert np.abs(again.logp0 - out.logp0).max() < TOL
     finally:
         await eng.aclose()
 
