@@ -105,11 +105,13 @@ class PlainLoopEngine:
         return None
 
 
-def plain_loop(block_size: int, steps: int, seed: int) -> tuple[float, int]:
+def plain_loop(
+    block_size: int, steps: int, seed: int, threads: int | None = None
+) -> tuple[float, int]:
     """Seconds of the plain loop's chains (one per prompt), and their ambiguous decisions."""
     from presto_client.embedded.model import load_model
 
-    loaded = load_model(dtype="float32")
+    loaded = load_model(dtype="float32", num_threads=threads)
     engine = PlainLoopEngine(loaded)
     sampler = SamplerConfig(
         "power_mh", alpha=4.0, block_size=block_size, num_blocks=1, steps_per_block=steps
@@ -158,13 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu_engines")
     p.add_argument("--skip-plain", action="store_true", help="only the presto arms")
+    p.add_argument("--skip-presto", action="store_true", help="only the plain loop")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the plain loop (on a loaded machine 1 beats 2 by 6x: spinning)",
+    )
     args = p.parse_args(argv)
     rows: list[tuple[str, float, str]] = []
     plain_s: float | None = None
     if not args.skip_plain:
-        plain_s, amb = plain_loop(args.block_size, args.steps, args.seed)
+        plain_s, amb = plain_loop(args.block_size, args.steps, args.seed, args.threads)
         rows.append(("plain transformers loop (generate per proposal)", plain_s, f"{amb} amb."))
-    for arm in presto_arms(args.block_size, args.steps, args.out):
+    arms = [] if args.skip_presto else presto_arms(args.block_size, args.steps, args.out)
+    for arm in arms:
         seconds = float(arm["model_call_time_s"]) + float(arm.get("extend_time_s") or 0.0)
         note = f"{arm['chains_ok']} ok, {arm['chains_failed']} failed"
         if arm.get("identical_to_baseline") is not None:
