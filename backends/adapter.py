@@ -144,6 +144,41 @@ class Adapter:
     ) -> TokenLogprobs:
         raise NotImplementedError
 
+    def build_score_calls(
+        self, prefix: Sequence[int], token_ids: Sequence[int], model: str, top_k: int, *, label: str
+    ) -> list[HttpCall]:
+        """The calls of one scoring (:meth:`build_score`'s one call, unless a dialect needs
+        several, e.g. one per position)."""
+        return [self.build_score(prefix, token_ids, model, top_k, label=label)]
+
+    def parse_score_bodies(
+        self,
+        prefix: Sequence[int],
+        token_ids: Sequence[int],
+        bodies: Sequence[Any],
+        top_k: int,
+        *,
+        label: str,
+    ) -> TokenLogprobs:
+        """The answers of :meth:`build_score_calls`' calls, in order, as one record."""
+        return self.parse_score(prefix, token_ids, bodies[0], top_k, label=label)
+
+    def repair_calls(self, request: ProposalRequest, body: Any, *, label: str) -> list[HttpCall]:
+        """Calls that fetch what a generation answer lacks (none: the answer is whole)."""
+        return []
+
+    def parse_generate_with(
+        self, request: ProposalRequest, body: Any, repairs: Sequence[Any], *, label: str
+    ) -> TokenLogprobs:
+        """:meth:`parse_generate`, completed by the answers of :meth:`repair_calls`."""
+        return self.parse_generate(request, body, label=label)
+
+    def continuation(self, request: ProposalRequest, got: TokenLogprobs) -> ProposalRequest | None:
+        """The request for the rest of ``request`` when an answer legitimately brought fewer
+        tokens (``got``, all received so far); ``None``: a short answer is an error (the
+        parsers of most dialects refuse it already)."""
+        return None
+
     def build_next_token_topk(
         self, contexts: Sequence[Sequence[int]], temperature: float, model: str, *, label: str
     ) -> list[HttpCall]:
@@ -206,6 +241,11 @@ class Adapter:
         if model is not None:
             payload = {"model": model, **payload}
         return [HttpCall(path, payload, "tokenize") for path in self.tokenize_paths]
+
+    def tokenize_next(self, body: Any) -> list[HttpCall] | None:
+        """Calls to send next with a tokenizer answer that is not the token ids yet (a chat
+        template's text, say), one per endpoint to try; ``None``: ``body`` is the answer."""
+        return None
 
     def parse_tokenize(self, body: Any) -> tuple[int, ...]:
         """The token ids of a tokenize answer (``{"tokens": [...]}``)."""

@@ -19,17 +19,10 @@ from typing import Any
 import numpy as np
 
 from backends.adapter import RAW, SCALED, Adapter, HttpCall
-from backends.gateways import check_gateway, refused_token_ids
+from backends.http_probe import ProbeMixin
 from backends.metrics import prefix_cache_metrics
 from backends.parsing import TokenLogprobs, check_token_ids
 from backends.pool import Pool, RequestHeaders
-from backends.probe_checks import (
-    PROBE_PROMPT,
-    PROBE_SEED,
-    PROBE_TEMPERATURE,
-    PROBE_TOKENS,
-    judge_semantics,
-)
 from backends.retry import Sleep
 from backends.routing import RoutedEngine
 from backends.spec import Capabilities, EngineSpec, ProbeReport
@@ -39,7 +32,6 @@ from presto_client.core.engine_protocol import (
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
-    ScoreSpec,
 )
 from presto_client.core.scoring import (
     exact_from_full_rows,
@@ -52,9 +44,7 @@ from presto_client.errors import (
     EngineRequestError,
     EngineUnavailableError,
     InvalidResponseError,
-    ProbeError,
 )
-from presto_client.terminal_text import server_text
 from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
@@ -74,7 +64,7 @@ def _label(request: ProposalRequest, index: int | None = None) -> str:
     )
 
 
-class HttpEngine:
+class HttpEngine(ProbeMixin):
     """:class:`~presto_client.core.engine_protocol.Engine` over one replica of an HTTP server."""
 
     def __init__(
@@ -238,12 +228,7 @@ class HttpEngine:
     async def _generate_one(
         self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
     ) -> ScoredTokens:
-        call = self.adapter.build_generate(request, model, label=label)
-        cap = self._cap(request.num_tokens)
-        body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=label, max_bytes=cap, headers=headers
-        )
-        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
+        generated = await self._generate_tokens(request, model, label, headers)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
         raw = await self._score_raw(
@@ -252,6 +237,53 @@ class HttpEngine:
         return scored_from_scaled(
             generated, request.temperature, raw, request.scores, self.spec.vocab_size
         )
+
+    async def _generate_tokens(
+        self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
+    ) -> TokenLogprobs:
+        """The proposal's tokens, asking for the rest while an answer stops legitimately short
+        (the adapter's :meth:`~backends.adapter.Adapter.continuation`)."""
+        part, out = request, None
+        while True:
+            call = self.adapter.build_generate(part, model, label=label)
+            body = await self.transport.request_json(
+                "POST",
+                call.path,
+                call.payload,
+                label=label,
+                max_bytes=self._cap(part.num_tokens),
+                headers=headers,
+            )
+            fixes = self.adapter.repair_calls(part, body, label=label)
+            extra = (
+                await gather_or_fail(
+                    [
+                        self.transport.request_json(
+                            "POST",
+                            c.path,
+                            c.payload,
+                            label=c.label,
+                            max_bytes=self._cap(1, -1),
+                            headers=headers,
+                        )
+                        for c in fixes
+                    ]
+                )
+                if fixes
+                else []
+            )
+            parsed = self.adapter.parse_generate_with(part, body, extra, label=label)
+            got = self._checked(parsed, label)
+            out = got if out is None else out.concat(got)
+            if len(got) >= part.num_tokens:
+                return out
+            following = self.adapter.continuation(request, out) if len(got) else None
+            if following is None:
+                raise InvalidResponseError(
+                    f"{label}: the engine returned {len(out)} of {request.num_tokens} tokens",
+                    engine=self.name,
+                )
+            part = following
 
     async def _score_raw(
         self,
@@ -264,13 +296,18 @@ class HttpEngine:
     ) -> TokenLogprobs:
         k = self.spec.top_k if top_k is None else top_k
         slabel = f"scoring of {label}"
-        call = self.adapter.build_score(prefix, token_ids, model, k, label=slabel)
+        calls = self.adapter.build_score_calls(prefix, token_ids, model, k, label=slabel)
         cap = self._cap(len(prefix) + len(token_ids), k)
-        body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=slabel, max_bytes=cap, headers=headers
+        bodies = await gather_or_fail(
+            [
+                self.transport.request_json(
+                    "POST", c.path, c.payload, label=c.label, max_bytes=cap, headers=headers
+                )
+                for c in calls
+            ]
         )
         return self._checked(
-            self.adapter.parse_score(prefix, token_ids, body, k, label=slabel), slabel
+            self.adapter.parse_score_bodies(prefix, token_ids, bodies, k, label=slabel), slabel
         )
 
     # ---- stream
@@ -419,128 +456,6 @@ class HttpEngine:
 
     # ---- probe
 
-    async def probe(self, *, check_seeds: bool = True, check_scoring: bool = True) -> ProbeReport:
-        """Health, model name, logprob semantics (and seeds, exact scoring) of this replica.
-
-        Raises :class:`EngineUnavailableError` when the server cannot be reached or is not
-        healthy, :class:`ProbeError` when it serves another model or its logprob semantics are
-        not the configured mode. Softer findings go to ``warnings`` and the log.
-        """
-        health = f"{self.base_url}{self.adapter.health_path}"
-        status = await self.transport.get_status(self.adapter.health_path, refuse_redirects=True)
-        if status in (404, 405, 501):  # nothing there: a wrong URL, or another kind of server
-            raise EngineUnavailableError(
-                f"{health} answered HTTP {status}: a wrong URL? {self.adapter.health_path} is "
-                "not served there, so this is not the root of a vLLM/SGLang/OpenAI-compatible "
-                "server; base_url is the server's root (e.g. http://localhost:8000, no /v1)",
-                engine=self.name,
-            )
-        if status != 200:
-            raise EngineUnavailableError(
-                f"{health} answered HTTP {status}: the server is not ready (still loading?)",
-                engine=self.name,
-            )
-        names = await self._served_models()
-        if self.spec.model is not None and names and self.spec.model not in names:
-            raise ProbeError(
-                f"{self.base_url} serves {server_text(', '.join(names))}, not "
-                f"{self.spec.model!r}: fix `model` in the engine spec (or leave it out to use "
-                "the served one)",
-                engine=self.name,
-            )
-        if self._model is None and names:
-            self._model = names[0]
-        model = await self.model()
-        report = ProbeReport(
-            engine=self.name, base_url=self.base_url, model=model, logprob_mode=self.adapter.mode
-        )
-        header = self.spec.routing_key_header
-        gateway = await check_gateway(self.transport, self.adapter.dialect, header, report)
-        try:
-            if self.adapter.can_score:
-                await self._probe_semantics(model, report)
-            else:
-                report.warnings.append(
-                    "logprob semantics not checked: this dialect has no scoring call"
-                )
-            if check_seeds:
-                await self._probe_seeds(model, report)
-            if check_scoring and self.adapter.can_score and self.adapter.semantics == RAW:
-                await self._probe_exact_scoring(model, report)
-        except EngineRequestError as exc:
-            explained = refused_token_ids(gateway, self.adapter.dialect, str(exc))
-            if explained is None:
-                raise
-            raise ProbeError(explained, engine=self.name) from exc
-        except InvalidResponseError as exc:
-            if exc.engine:
-                raise
-            raise ProbeError(  # the parsers are pure and do not know the engine's name
-                f"{self.base_url} gave the probe an unusable answer: {exc}. Check the server's "
-                "log (and that it runs in float32)",
-                engine=self.name,
-            ) from exc
-        for warning in report.warnings:
-            logger.warning("[%s] %s", self.name, warning)
-        self.last_probe = report
-        if report.problems:
-            raise ProbeError("; ".join(report.problems), engine=self.name)
-        logger.info(
-            "[%s] probe ok: model %s, logprob mode %s (max |Δ| %.2g)",
-            self.name,
-            server_text(model),
-            self.adapter.mode,
-            report.max_abs_logprob_diff or 0.0,
-        )
-        return report
-
-    async def _probe_semantics(self, model: str, report: ProbeReport) -> None:
-        request = ProposalRequest(
-            PROBE_PROMPT, PROBE_TOKENS, PROBE_TEMPERATURE, PROBE_SEED, ScoreSpec((1.0,))
-        )
-        label = "probe generation"
-        call = self.adapter.build_generate(request, model, label=label)
-        body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
-        )
-        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
-        raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
-        judge_semantics(generated, raw, self.adapter, self.spec.vocab_size, report)
-
-    async def _probe_seeds(self, model: str, report: ProbeReport) -> None:
-        request = ProposalRequest(
-            PROBE_PROMPT, PROBE_TOKENS, 1.0, PROBE_SEED + 1, ScoreSpec((1.0,))
-        )
-        label = "probe seed check"
-        outs: list[list[int]] = []
-        for _ in range(2):
-            call = self.adapter.build_generate(request, model, label=label)
-            body = await self.transport.request_json("POST", call.path, call.payload, label=label)
-            outs.append(self.adapter.parse_generate(request, body, label=label).token_ids.tolist())
-        report.seeds_honoured = outs[0] == outs[1]
-        self._seeds_honoured = report.seeds_honoured
-        if not report.seeds_honoured:
-            report.warnings.append(f"seeds are not honoured: {self.adapter.hint_for_seeds()}")
-
-    async def _probe_exact_scoring(self, model: str, report: ProbeReport) -> None:
-        full_k = self.adapter.full_vocab_top_k()
-        if full_k is None:
-            self._scoring_ok = False
-        else:
-            try:
-                await self._score_raw(PROBE_PROMPT[:-2], PROBE_PROMPT[-2:], model, "probe", full_k)
-                self._scoring_ok = True
-            except EngineRequestError as exc:
-                self._scoring_ok = False
-                logger.debug("[%s] full-vocabulary scoring refused: %s", self.name, exc)
-        if not self._scoring_ok:
-            report.warnings.append(
-                "exact scoring unavailable: decisions are certified from top-K logprobs, and the "
-                "rare one whose interval cannot settle it fails its chain (the others go on). "
-                f"To tighten such decisions instead: {self.adapter.hint_for_scoring()}"
-            )
-        report.details["exact_scoring"] = float(bool(self._scoring_ok))
-
     # ---- the tokenizer
 
     async def tokenize(
@@ -550,7 +465,7 @@ class HttpEngine:
         calls = self.adapter.build_tokenize(
             text, await self.model(), chat_template=chat_template, system_prompt=system_prompt
         )
-        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        body = await self._tokenizer_answer(calls)
         try:
             return self.adapter.parse_tokenize(body)
         except InvalidResponseError as exc:
@@ -559,11 +474,17 @@ class HttpEngine:
     async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
         """Token ids of a conversation through the served model's chat template."""
         calls = self.adapter.build_tokenize_messages(messages, await self.model())
-        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        body = await self._tokenizer_answer(calls)
         try:
             return self.adapter.parse_tokenize(body)
         except InvalidResponseError as exc:
             raise InvalidResponseError(str(exc), engine=self.name) from None
+
+    async def _tokenizer_answer(self, calls: Sequence[HttpCall]) -> Any:
+        body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
+        while (following := self.adapter.tokenize_next(body)) is not None:
+            body = await self._first_answer(following, "tokenize", "give prompts.token_ids, or use")
+        return body
 
     async def detokenize(self, token_ids: Sequence[int]) -> str | None:
         """The text of ``token_ids`` (``None`` when the server's answer has none)."""

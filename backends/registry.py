@@ -35,6 +35,7 @@ _BUILTIN: dict[str, str] = {
     "vllm": "backends.vllm:VllmAdapter",
     "sglang": "backends.sglang:SglangAdapter",
     "openai": "backends.openai_compat:OpenAICompatAdapter",
+    "llamacpp": "backends.llamacpp:LlamaCppAdapter",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(_BUILTIN)
 """The built-in dialects, in the order messages list them."""

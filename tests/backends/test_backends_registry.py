@@ -14,11 +14,13 @@ from presto_client.errors import ConfigError
 def test_unknown_backend_lists_valid_names() -> None:
     with pytest.raises(ConfigError) as info:
         create_engine(EngineSpec("x", ("http://127.0.0.1:1",)))
-    assert str(info.value) == "unknown backend 'x'; valid backends are: openai, sglang, vllm"
+    assert str(info.value) == (
+        "unknown backend 'x'; valid backends are: llamacpp, openai, sglang, vllm"
+    )
 
 
 def test_available_backends_and_engine_protocol() -> None:
-    assert available_backends() == ("openai", "sglang", "vllm")
+    assert available_backends() == ("llamacpp", "openai", "sglang", "vllm")
     for kind in available_backends():
         engine = create_engine(EngineSpec(kind, ("http://127.0.0.1:9",)))
         assert isinstance(engine, Engine)

