@@ -25,10 +25,9 @@ PYTHON=${PRESTO_LLAMACPP_PYTHON:-python3}
 BIN=$HOME_DIR/bin/llama-server-$LCP_PY_VERSION
 GGUF=$HOME_DIR/model/$(basename "$GGUF_MEMBER")
 
-log() { printf '[llamacpp] %s\n' "$*" >&2; }
-die() { printf '[llamacpp] ERROR: %s\n' "$*" >&2; exit 1; }
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+LOG_TAG=llamacpp
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cpu_flag() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
 
