@@ -34,7 +34,6 @@ import json
 import os
 import random
 import resource
-import socket
 import subprocess
 import sys
 import tarfile
@@ -171,12 +170,6 @@ def client_main(args: argparse.Namespace) -> None:
 # ---- the driver ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _extract(rev: str, dest: Path) -> Path:
     """The library (``backends``, ``presto_client``) as of ``rev``, without touching the repo."""
     archive = dest / "src.tar"
@@ -190,36 +183,13 @@ def _extract(rev: str, dest: Path) -> Path:
 
 
 def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.latency_server",
-        "--profile",
-        args.profile,
-        "--port",
-        str(port),
-        "--time-scale",
-        str(args.time_scale),
-        "--stream-interval",
-        str(args.stream_interval),
-    ]
-    if args.max_num_seqs:
-        cmd += ["--max-num-seqs", str(args.max_num_seqs)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
+    from benchmarks import latency_server  # (not at import: the child processes skip it)
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the latency server did not start on {url}")
+    options = ["--profile", args.profile, "--time-scale", str(args.time_scale)]
+    options += ["--stream-interval", str(args.stream_interval)]
+    if args.max_num_seqs:
+        options += ["--max-num-seqs", str(args.max_num_seqs)]
+    return latency_server.spawn(options, cwd=ROOT)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

@@ -158,44 +158,16 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
-    import socket
+    from benchmarks import latency_server  # (not at import: the child processes skip it)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.latency_server",
-        "--profile",
-        "gpu",
-        "--port",
-        str(port),
-        "--time-scale",
-        str(args.time_scale),
-        "--vocab-size",
-        str(args.vocab_size),
-        "--model",
-        "windowed",
-        # (the whole vocabulary's logprobs: an ambiguous decision is scored exactly)
-        "--max-logprobs",
-        "-1",
-    ]
+    options = ["--profile", "gpu", "--time-scale", str(args.time_scale)]
+    options += ["--vocab-size", str(args.vocab_size), "--model", "windowed"]
+    # (the whole vocabulary's logprobs: an ambiguous decision is scored exactly)
+    options += ["--max-logprobs", "-1"]
     if args.max_num_seqs:
-        cmd += ["--max-num-seqs", str(args.max_num_seqs)]
+        options += ["--max-num-seqs", str(args.max_num_seqs)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the latency server did not start on {url}")
+    return latency_server.spawn(options, cwd=ROOT, env=env)
 
 
 def _samples(run_dir: Path) -> list[dict[str, Any]]:

@@ -61,6 +61,8 @@ import contextlib
 import json
 import logging
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -68,6 +70,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -611,6 +614,35 @@ class ServerThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
+
+
+def spawn(
+    options: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout_s: float = 60.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m benchmarks.latency_server OPTIONS`` on a free port, once it answers /health.
+
+    A separate process, so the client's CPU measured by a benchmark is the client's alone.
+    """
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "benchmarks.latency_server", "--port", str(port), *options]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the latency server exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"the latency server did not start on {url} within {timeout_s:.0f} s")
 
 
 def build_parser() -> argparse.ArgumentParser:

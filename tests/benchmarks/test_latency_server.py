@@ -170,3 +170,19 @@ async def test_the_project_client_gets_the_emulation_scores() -> None:
     assert np.array_equal(whole.logp0, ref.logp0)
     assert np.array_equal(whole.logq_lo, ref.logq_lo)
     assert np.concatenate([p.token_ids for p in parts]).tolist() == ref.token_ids.tolist()
+
+
+def test_spawn_serves_health_and_names_a_child_that_exits() -> None:
+    from pathlib import Path
+
+    from benchmarks import latency_server
+
+    root = Path(__file__).resolve().parents[2]
+    proc, url = latency_server.spawn(["--profile", "gpu", "--time-scale", "0.1"], cwd=root)
+    try:
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    finally:
+        proc.kill()
+        proc.wait()
+    with pytest.raises(SystemExit, match="exited with 2"):
+        latency_server.spawn(["--no-such-option"], cwd=root, timeout_s=30)
