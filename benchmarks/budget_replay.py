@@ -50,8 +50,10 @@ CURVES: dict[str, tuple[float, float, float]] = {
     "flat": (0.006, 0.0005, 0.01),
     "mixed": (0.003, 0.003, 0.02),
     "compute-bound": (0.05, 0.02, 0.1),
+    "cpu": (0.005, 0.05, 0.1),
 }
-"""Named cost curves: ``(a, b, first-token latency)`` in seconds."""
+"""Named cost curves: ``(a, b, first-token latency)`` in seconds. ``cpu`` is the embedded engine's
+bound on two cores: a batch of ``n`` sequences costs about ``n`` times one."""
 
 
 class VirtualClock:
@@ -160,11 +162,18 @@ class ReplayFigures:
     """Requests issued per arm (its traversal)."""
     digest: str
     """Of every round record in run order: chain, kind, requests, used, wall time."""
+    wall: dict[str, float]
+    """Virtual end-to-end seconds per arm: its chains' ``chain_wall_s``, summed."""
+    speedup_wall: dict[str, float]
+    """Per arm, the summary's median end-to-end speedup over the sequential chain."""
 
 
-def demo_job(output_dir: Path) -> dict[str, Any]:
-    """The demo's config with its engine replaced by a reference engine of the same bound."""
+def demo_job(output_dir: Path, seed: int | None = None) -> dict[str, Any]:
+    """The demo's config with its engine replaced by a reference engine of the same bound
+    (``seed``: the job's seed instead of the demo's)."""
     data = yaml.safe_load(DEMO_CONFIG.read_text())
+    if seed is not None:
+        data["seed"] = seed
     (engine,) = data["engines"]
     data["engines"] = [
         {
@@ -179,13 +188,15 @@ def demo_job(output_dir: Path) -> dict[str, Any]:
     return data
 
 
-async def _replay(curve: str, a: float, b: float, first: float, output_dir: Path) -> ReplayFigures:
-    cfg = validate_job_config(demo_job(output_dir))
+async def _replay(
+    curve: str, a: float, b: float, first: float, output_dir: Path, seed: int | None
+) -> ReplayFigures:
+    cfg = validate_job_config(demo_job(output_dir, seed))
     (engine,) = cfg.engines
     name = str(engine.name)
     served = CostCurveEngine(a, b, first, name=name, max_concurrency=engine.max_concurrency)
     plan = make_plan(cfg, prompts=load_prompts(cfg))
-    await run_job_async(plan, engine_overrides={name: [served]}, probe=False)
+    result = await run_job_async(plan, engine_overrides={name: [served]}, probe=False)
     issued: dict[str, int] = {}
     digest = hashlib.sha256()
     for line in (output_dir / "records.jsonl").read_text().splitlines():
@@ -197,13 +208,21 @@ async def _replay(curve: str, a: float, b: float, first: float, output_dir: Path
         )
         if r["kind"] != "extend":
             issued[r["traversal"]] = issued.get(r["traversal"], 0) + int(r["requests"])
-    return ReplayFigures(curve, issued, digest.hexdigest()[:12])
+    wall: dict[str, float] = {}
+    speedup_wall: dict[str, float] = {}
+    for arm in result.summary["arms"]:
+        wall[arm["traversal"]] = float(arm["chain_wall_s"])
+        if arm["speedup_wall_median"] is not None:
+            speedup_wall[arm["traversal"]] = float(arm["speedup_wall_median"])
+    return ReplayFigures(curve, issued, digest.hexdigest()[:12], wall, speedup_wall)
 
 
-def replay(curve: str, a: float, b: float, first: float) -> ReplayFigures:
+def replay(
+    curve: str, a: float, b: float, first: float, *, seed: int | None = None
+) -> ReplayFigures:
     """The demo's job on the cost curve ``(a, b, first)``, in virtual time."""
     with tempfile.TemporaryDirectory() as tmp, virtual_time() as run:
-        figures: ReplayFigures = run(_replay(curve, a, b, first, Path(tmp) / "run"))
+        figures: ReplayFigures = run(_replay(curve, a, b, first, Path(tmp) / "run", seed))
     return figures
 
 
@@ -215,6 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f = replay(curve, *CURVES[curve])
         arms = "  ".join(f"{t} {n}" for t, n in f.issued.items())
         print(f"{curve:14s} issued: {arms}  digest {f.digest}")
+        walls = "  ".join(
+            f"{t} {w:.2f}s ({f.speedup_wall.get(t, 1.0):.2f}x)" for t, w in f.wall.items()
+        )
+        print(f"{'':14s} end to end: {walls}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Randomness keyed by transition (and, for the paper's trees, by node).
+"""Randomness keyed by transition (and, for the paper's trees, by node off the all-reject path).
 
 Every random draw a chain makes is a pure function of ``(chain seed, key)``; no generator state
 is carried between transitions. So the draws of transition ``k`` of block ``ℓ`` are the same
@@ -67,9 +67,17 @@ class ChainRandomness:
     def node(self, block: int, root_k: int, path: tuple[bool, ...]) -> TransitionDraws:
         """Draws of the tree node reached from the round rooted at ``root_k`` along ``path``.
 
-        ``path`` lists the decisions from the root (``True`` = accept). The path is encoded with a
-        leading 1 bit so that every path has its own key.
+        ``path`` lists the decisions from the root (``True`` = accept). A node with no accept on
+        its path (the root, and the all-reject spine below it) holds the root's state, so it is
+        the transition the sequential chain makes from that state: its draws are that
+        transition's (:meth:`transition`), and a round that speculates nothing is the
+        sequential chain's transition, token for token. Every other path has its own key
+        (encoded with a leading 1 bit). Each transition of a chain still takes one key used by
+        no other transition (a spine node at depth ``d`` is transition ``root_k + d``, which is
+        visited once, at that node or as a later round's root), so the draws stay fresh.
         """
+        if not any(path):
+            return self.transition(block, root_k + len(path))
         code = 1
         for accepted in path:
             code = (code << 1) | int(accepted)

@@ -116,7 +116,8 @@ def plan_crn(ctx: PlanContext, n_pf: int) -> RoundPlan:
 
 
 def plan_bfs(ctx: PlanContext, n_pf: int) -> RoundPlan:
-    """The paper's default: breadth first, accept child first, each node with its own draws.
+    """The paper's default: breadth first, accept child first, each node with its own draws
+    (:meth:`~presto_client.core.rng.ChainRandomness.node`: the transition's on the all-reject path).
 
     A node whose cut is infeasible gets no request and its subtree is pruned: the walk ends
     there if it gets there, so requests below it could never be used.

@@ -53,3 +53,25 @@ def test_the_replay_tells_a_budget_per_chain_from_the_engines_shared_one(
     alone = replay("compute-bound", *CURVES["compute-bound"])
     assert alone.digest != shared.digest
     assert sum(alone.issued.values()) > sum(shared.issued.values())
+
+
+TOLERANCE = 0.02
+"""End-to-end time an arm may lose to the sequential chain where speculation does not pay."""
+
+
+@pytest.mark.parametrize("curve", ["cpu", "compute-bound"])
+def test_on_a_compute_bound_engine_no_arm_is_slower_than_the_sequential_chain(curve: str) -> None:
+    figures = replay(curve, *CURVES[curve])
+    sequential = figures.wall["sequential"]
+    for arm, wall in figures.wall.items():
+        assert wall <= sequential * (1 + TOLERANCE), (arm, wall, sequential)
+    if curve == "cpu":  # each extra sequence costs a whole one: the round rules speculate nothing
+        steps = figures.issued["sequential"]
+        assert figures.issued["crn"] == figures.issued["predictive"] == steps
+
+
+def test_on_a_flat_engine_every_presto_arm_keeps_its_gain() -> None:
+    figures = replay("flat", *CURVES["flat"])
+    for arm in ("stream", "crn", "predictive"):
+        assert figures.speedup_wall[arm] > 1.1, arm
+        assert figures.wall[arm] < figures.wall["sequential"], arm

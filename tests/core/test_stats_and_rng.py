@@ -81,3 +81,13 @@ def test_chain_seeds_split_one_root_seed() -> None:
     assert len(set(seeds)) == 100
     assert chain_seeds(42, 3) == seeds[:3]
     assert chain_seeds(43, 3) != seeds[:3]
+
+
+def test_a_tree_node_without_an_accept_on_its_path_is_the_sequential_transition() -> None:
+    a = ChainRandomness(11, k_try=2, num_temperatures=3)
+    assert a.node(0, 2, ()) == a.transition(0, 2)  # a round's root
+    assert a.node(1, 2, (False, False)) == a.transition(1, 4)  # the all-reject spine
+    # below an accept the node's state is not the root's: its own key, unlike any transition's
+    off_spine = a.node(0, 2, (False, True))
+    assert off_spine not in {a.transition(0, k) for k in range(8)}
+    assert off_spine != a.node(0, 2, (True, False))

@@ -133,9 +133,14 @@ async def test_fit_predictor_on_a_real_run_dir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = await _run(tmp_path, _job(tmp_path, ["sequential", "predictive"]))
-    decisions = read_decisions(RunDir(run_dir))
-    # 4 prompts x 3 chains x 2 arms, 16 decisions each (the predictive arm's chains are others)
-    assert len(decisions) == 4 * 3 * 2 * 16
+    run = RunDir(run_dir)
+    decisions = read_decisions(run)
+    # 4 prompts x 3 chains, 16 decisions each, per arm; a predictive chain that never left the
+    # all-reject path of its rounds is the sequential chain itself, and counts once
+    rows = list(run.samples())
+    distinct = {(r["prompt_index"], r["chain_index"], json.dumps(r["transitions"])) for r in rows}
+    assert 4 * 3 < len(distinct) <= 4 * 3 * 2
+    assert len(decisions) == len(distinct) * 16
     assert ((decisions.cut_fractions >= 0) & (decisions.cut_fractions < 1)).all()
     out = tmp_path / "fitted.json"
     assert main(["fit-predictor", str(run_dir), "-o", str(out)]) == 0
