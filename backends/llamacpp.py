@@ -163,11 +163,17 @@ def parse_probabilities(probs: Any, k: int, *, label: str, full_row: bool = Fals
 
 def held_back_positions(
     tokens: Sequence[int], entry_ids: Sequence[int], *, label: str
-) -> list[int]:
-    """Positions of the tokens that got no probability entry (their text ended inside a UTF-8
-    character, so the server held it back and recorded nothing): every entry belongs to the
-    token that completed the character, so the held-back ones are the gaps of an in-order match
-    of the entries' ids to the tokens. A match that two positions could take is refused."""
+) -> tuple[list[int], int]:
+    """Positions of the tokens whose probabilities must be fetched, and how many of the entries
+    (from the first) belong to the others.
+
+    A token whose text ends inside a UTF-8 character gets no probability entry (the server held
+    it back and recorded nothing), and every entry belongs to the token that completed the
+    character, so the held-back ones are the gaps of an in-order match of the entries' ids to the
+    tokens. Where the match is ambiguous (a repeated token that either of two positions could
+    take), every position from there on is fetched instead: only the unambiguous entries are
+    used, so no probability is ever attributed to the wrong position.
+    """
     missing = len(tokens) - len(entry_ids)
     if missing < 0:
         raise InvalidResponseError(f"{label}: more probability entries than tokens")
@@ -176,16 +182,18 @@ def held_back_positions(
     for m, token in enumerate(entry_ids):
         last = min(pos + missing - len(out), len(tokens) - (len(entry_ids) - m))
         places = [p for p in range(pos, last + 1) if int(tokens[p]) == int(token)]
-        if len(places) != 1:
+        if not places:
             raise InvalidResponseError(
                 f"{label}: {missing} token(s) came without probabilities (their text ends inside "
-                "a UTF-8 character) and the answer does not say which: the proposal cannot be "
-                "scored"
+                f"a UTF-8 character) and entry {m} (token {int(token)}) matches none of them: "
+                "the answer does not line up with its tokens"
             )
+        if len(places) > 1:
+            return [*out, *range(pos, len(tokens))], m
         out.extend(range(pos, places[0]))
         pos = places[0] + 1
     out.extend(range(pos, len(tokens)))
-    return out
+    return out, len(entry_ids)
 
 
 def parse_completion(
@@ -232,7 +240,7 @@ def parse_completion(
 def _fill_held_back(
     kept: TokenLogprobs, tokens: list[int], repairs: Sequence[Any], k: int, *, label: str
 ) -> TokenLogprobs:
-    missing = held_back_positions(tokens, kept.token_ids.tolist(), label=label)
+    missing, used = held_back_positions(tokens, kept.token_ids.tolist(), label=label)
     if len(repairs) != len(missing):
         raise InvalidResponseError(
             f"{label}: {len(tokens)} tokens but {len(kept)} probability entries: llama.cpp "
@@ -245,9 +253,9 @@ def _fill_held_back(
     top_ids = np.full((n, k), -1, dtype=np.int64)
     top_lps = np.full((n, k), -np.inf)
     have = np.setdiff1d(np.arange(n), np.asarray(missing, dtype=np.int64))
-    values[have] = kept.logprobs
-    top_ids[have] = kept.top_ids[:, :k]
-    top_lps[have] = kept.top_logprobs[:, :k]
+    values[have] = kept.logprobs[:used]
+    top_ids[have] = kept.top_ids[:used, :k]
+    top_lps[have] = kept.top_logprobs[:used, :k]
     for j, body in zip(missing, repairs, strict=True):
         what = f"{label} (the row of held-back token {j})"
         row = parse_probabilities(
@@ -319,7 +327,7 @@ class LlamaCppAdapter(Adapter):
             return []
         kept = [_entry_id(e, label, "completion_probabilities") for e in probs]
         calls = []
-        for j in held_back_positions(tokens, kept, label=label):
+        for j in held_back_positions(tokens, kept, label=label)[0]:
             payload = self._payload((*request.prefix, *tokens[:j]), 1, 1.0, 0)
             payload["n_probs"] = FULL_ROW
             payload["logit_bias"] = [[0, FORCE_BIAS]]

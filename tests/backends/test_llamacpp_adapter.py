@@ -168,10 +168,42 @@ async def test_engine_refuses_an_answer_that_stops_short_without_eos() -> None:
 
 
 def test_held_back_tokens_are_the_gaps_of_the_in_order_match() -> None:
-    assert held_back_positions([5, 6, 7, 8], [5, 7, 8], label="p") == [1]
-    assert held_back_positions([5, 6, 7, 8], [5, 6], label="p") == [2, 3]  # ends inside one
-    with pytest.raises(InvalidResponseError, match="does not say which"):
-        held_back_positions([5, 6, 6, 8], [5, 6, 8], label="p")
+    assert held_back_positions([5, 6, 7, 8], [5, 7, 8], label="p") == ([1], 3)
+    assert held_back_positions([5, 6, 7, 8], [5, 6], label="p") == ([2, 3], 2)  # ends inside one
+    with pytest.raises(InvalidResponseError, match="entry 1 \\(token 9\\) matches none"):
+        held_back_positions([5, 6, 7, 8], [5, 9, 8], label="p")
+
+
+def test_an_ambiguous_match_fetches_every_row_from_the_ambiguity_on() -> None:
+    # Either 6 could be the held-back one: the entries after the first are not attributed.
+    assert held_back_positions([5, 6, 6, 8], [5, 6, 8], label="p") == ([1, 2, 3], 1)
+    assert held_back_positions([4, 5, 6, 6], [4, 5, 6], label="p") == ([2, 3], 2)
+
+
+async def test_an_ambiguous_held_back_token_is_scored_from_whole_rows() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        sent.append(payload)
+        if len(sent) == 1:  # one of the two 6s came without probabilities
+            body = _answer([5, 6, 6])
+            del body["completion_probabilities"][1]
+            return json_answer(200, body)
+        lp = {4: -0.25, 5: -0.75}[len(payload["prompt"])]  # after 10 11 12 5 (6)
+        row = [{"id": 6, "logprob": lp}, {"id": 9, "logprob": -2.0}, {"id": 1, "logprob": -5.0}]
+        forced = {"id": 0, "logprob": -7.0, "top_logprobs": row}
+        return json_answer(200, {"tokens": [0], "completion_probabilities": [forced]})
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    try:
+        (scored,) = await engine.generate([_request(3)])
+    finally:
+        await engine.aclose()
+    assert scored.token_ids.tolist() == [5, 6, 6]
+    # The first entry is token 5's; both 6s come from their own rows, none from the answer.
+    assert scored.logp0.tolist() == [-0.5, -0.25, -0.75]
+    assert [p["prompt"] for p in sent[1:]] == [[10, 11, 12, 5], [10, 11, 12, 5, 6]]
 
 
 async def test_a_held_back_token_gets_its_row_from_a_whole_row_request() -> None:
