@@ -34,3 +34,10 @@ def test_a_server_down_is_named_before_the_plain_loop(
     monkeypatch.setattr(cpu_engines, "plain_loop", no_plain_loop)
     with pytest.raises(SystemExit, match=rf"down \(http://127.0.0.1:{port}\).*llamacpp.sh start"):
         cpu_engines.main(["--out", str(tmp_path / "out")])
+
+
+def test_engines_selects_by_name_and_refuses_an_unknown_one() -> None:
+    config = cpu_engines.selected_config(["llamacpp"])
+    assert [e["name"] for e in config["engines"]] == ["llamacpp"]
+    with pytest.raises(SystemExit, match="no engine \\['nope'\\]"):
+        cpu_engines.selected_config(["llamacpp", "nope"])
