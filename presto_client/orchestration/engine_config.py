@@ -1,9 +1,11 @@
 """The engines of a job config: one pydantic class per kind of engine, and their registry.
 
-HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows);
-every other kind is a class of its own registered by its ``kind`` with
-:func:`register_engine_kind` (the embedded server and the reference model below; a new in-process
-kind is one file that defines its class and registers it). The job config's ``engines`` union is
+HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows),
+except ``kind: llamacpp`` without a URL: llama.cpp that presto builds and starts itself
+(:class:`ManagedLlamaCppConfig`, its own union tag); every other kind is a class of its own
+registered by its ``kind`` with :func:`register_engine_kind` (the embedded server and the
+reference model below; a new in-process kind is one file that defines its class and registers
+it). The job config's ``engines`` union is
 built from this registry, so a config error still names the field path and lists valid kinds.
 
 Each class knows how its replicas are opened (:meth:`opener`: a plain object the plan holds, so
