@@ -13,12 +13,13 @@ builds llama-server from the llama.cpp source in the llama-cpp-python sdist and 
 SmolLM2-135M GGUF, once (cached, minutes the first time: its progress goes to the
 ``presto_client.progress`` logger); ``serve`` execs the server in the foreground, here in a
 process group of its own on a free loopback port. On exit the group gets SIGTERM, then SIGKILL
-after a grace period.
+after a grace period; if presto itself is killed, Linux sends the server SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -29,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -115,6 +116,24 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux SIGTERM the child when presto dies, SIGKILL included,
+    where no ``finally`` runs (``PR_SET_PDEATHSIG``; it survives the script's ``exec`` of the
+    server); ``None`` elsewhere. libc is loaded here, in the parent: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return preexec
+
+
 def _stop_group(proc: subprocess.Popen[bytes], grace_s: float, what: str) -> None:
     """SIGTERM the process group of ``proc``, SIGKILL after ``grace_s``."""
     if proc.poll() is not None:
@@ -196,6 +215,8 @@ class LlamaServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self._env(),
                 start_new_session=True,
+                # (spawned before the job starts threads: a preexec_fn is safe then)
+                preexec_fn=_die_with_parent(),
             )
 
     def setup(self, work: Path) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -19,6 +20,8 @@ import pytest
 
 from presto_client import llamacpp_server as launch
 from presto_client.llamacpp_server import LlamaCppServerError, LlamaServerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -210,3 +213,29 @@ def test_stop_ends_the_server_and_is_idempotent(tmp_path: Path) -> None:
     assert gone(pid) and server.pid is None
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{url}/health", timeout=2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_server_dies_with_a_killed_presto(tmp_path: Path) -> None:
+    script = fake_script(tmp_path)
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from presto_client.llamacpp_server import LlamaServerProcess\n"
+        f"LlamaServerProcess(script=Path({str(script)!r})).start()\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "up"
+        server = pid_of(tmp_path, "serve")
+        assert not gone(server, within_s=0.2)
+        parent.kill()  # SIGKILL: no finally, no atexit
+        parent.wait()
+        assert gone(server)
+    finally:
+        parent.kill()
+        parent.wait()
