@@ -177,6 +177,7 @@ class LlamaServerProcess:
         *,
         parallel: int = DEFAULT_PARALLEL,
         port: int | None = None,
+        threads: int | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
         script: Path | None = None,
@@ -185,6 +186,7 @@ class LlamaServerProcess:
     ) -> None:
         self.parallel = parallel
         self.port = port
+        self.threads = threads
         self.startup_timeout_s = startup_timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.script = script
@@ -278,9 +280,10 @@ class LlamaServerProcess:
             url = f"http://{HOST}:{port}"
             self.log_path = work / "server.log"
             progress.info("starting llama.cpp's llama-server (%d slots) at %s", self.parallel, url)
-            self._proc = self._spawn(
-                ["serve", "--port", str(port), "--parallel", str(self.parallel)], self.log_path
-            )
+            args = ["serve", "--port", str(port), "--parallel", str(self.parallel)]
+            if self.threads is not None:
+                args += ["--threads", str(self.threads)]
+            self._proc = self._spawn(args, self.log_path)
             self._wait_healthy(self._proc, self.log_path, url)
         except BaseException:
             self.stop()
@@ -333,6 +336,7 @@ def llamacpp_server(
     *,
     parallel: int = DEFAULT_PARALLEL,
     port: int | None = None,
+    threads: int | None = None,
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
 ) -> Iterator[str]:
@@ -344,6 +348,7 @@ def llamacpp_server(
     server = LlamaServerProcess(
         parallel=parallel,
         port=port,
+        threads=threads,
         startup_timeout_s=startup_timeout_s,
         setup_timeout_s=setup_timeout_s,
     )

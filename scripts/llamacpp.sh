@@ -5,8 +5,8 @@
 #   scripts/llamacpp.sh setup                 idempotent, flock'ed; installs cmake/g++ via apt if
 #                                             missing, builds llama-server from the llama.cpp source
 #                                             vendored in the llama-cpp-python sdist, caches it
-#   scripts/llamacpp.sh start [--port P] [--parallel N] [--timeout S]   prints the base URL
-#   scripts/llamacpp.sh serve [--port P] [--parallel N]   the same server in the foreground
+#   scripts/llamacpp.sh start [--port P] [--parallel N] [--threads T] [--timeout S]   prints the URL
+#   scripts/llamacpp.sh serve [--port P] [--parallel N] [--threads T]   the same, in the foreground
 #   scripts/llamacpp.sh stop [--port P]
 #   scripts/llamacpp.sh status [--port P]    exit 0 if healthy, 3 otherwise
 #
@@ -101,12 +101,14 @@ cmd_setup() {
 
 PORT=${PRESTO_LLAMACPP_PORT:-8790}
 PARALLEL=4
+THREADS=""  # llama-server's -t; unset: its default (every core)
 TIMEOUT=120
 parse_opts() {
     while (($#)); do
         case $1 in
             --port) PORT=$2; shift 2 ;;
             --parallel) PARALLEL=$2; shift 2 ;;
+            --threads) THREADS=$2; shift 2 ;;
             --timeout) TIMEOUT=$2; shift 2 ;;
             *) die "unknown option $1" ;;
         esac
@@ -119,6 +121,7 @@ pid_file() { echo "$HOME_DIR/server-$PORT.pid"; }
 server_cmd() {
     SERVER_CMD=("$BIN" -m "$GGUF" --host "$HOST" --port "$PORT" -np "$PARALLEL"
         -c $((2048 * PARALLEL)) --poll 0 --metrics --slots)
+    if [[ -n $THREADS ]]; then SERVER_CMD+=(-t "$THREADS"); fi
 }
 health() { curl -s -o /dev/null -m 5 -w '%{http_code}' "http://$HOST:$PORT/health" || true; }
 

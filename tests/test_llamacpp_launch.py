@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 HEALTHY_SERVE = r"""
 serve)
     echo $$ > "$PIDS/serve"
+    echo "$@" > "$PIDS/serve.args"
     exec PYTHON - "$3" <<'PY'
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
@@ -203,8 +204,11 @@ def test_an_interrupted_set_up_is_stopped(tmp_path: Path) -> None:
 
 
 def test_stop_ends_the_server_and_is_idempotent(tmp_path: Path) -> None:
-    server = LlamaServerProcess(script=fake_script(tmp_path))
+    server = LlamaServerProcess(script=fake_script(tmp_path), parallel=3, threads=1)
     url = server.start()
+    port = url.rsplit(":", 1)[1]
+    args = (tmp_path / "pids" / "serve.args").read_text().split()
+    assert args == ["serve", "--port", port, "--parallel", "3", "--threads", "1"]
     assert url.startswith("http://127.0.0.1:") and server.base_url == url
     pid = pid_of(tmp_path, "serve")
     assert server.pid == pid  # the script execs the server: the group leader is it

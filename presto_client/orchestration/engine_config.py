@@ -444,6 +444,13 @@ class ManagedLlamaCppConfig(EngineConfigBase):
         "context each. max_concurrency defaults to it.",
     )
     port: int | None = Field(None, ge=1, le=65535, description="Port; null: a free one.")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="llama-server's threads (-t); null: its default, every core. On a 2-core "
+        "machine shared with other work, 1 was 6x faster per request than 2 (ggml's threads "
+        "wait for each other at every op).",
+    )
     startup_timeout_s: float = Field(
         LLAMACPP_STARTUP_TIMEOUT_S,
         gt=0,
@@ -505,7 +512,7 @@ class ManagedLlamaCppConfig(EngineConfigBase):
 
     def server(self) -> LlamaCppServer:
         return LlamaCppServer(
-            self.parallel, self.port, self.startup_timeout_s, self.setup_timeout_s
+            self.parallel, self.port, self.startup_timeout_s, self.setup_timeout_s, self.threads
         )
 
     def opener(self, index: int) -> StartedServerOpener:

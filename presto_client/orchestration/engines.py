@@ -124,6 +124,7 @@ def _start_llamacpp(name: str, server: LlamaCppServer, stack: contextlib.ExitSta
             llamacpp_server(
                 parallel=server.parallel,
                 port=server.port,
+                threads=server.threads,
                 startup_timeout_s=server.startup_timeout_s,
                 setup_timeout_s=server.setup_timeout_s,
             )

@@ -58,6 +58,8 @@ class LlamaCppServer:
     port: int | None
     startup_timeout_s: float
     setup_timeout_s: float
+    threads: int | None = None
+    """llama-server's threads (``None``: its default, every core)."""
 
 
 @dataclass(frozen=True, slots=True)

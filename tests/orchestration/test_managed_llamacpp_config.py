@@ -77,7 +77,9 @@ def test_the_kinds_listed_are_the_ones_a_config_writes(tmp_path: Path) -> None:
 def test_the_plan_starts_its_server_and_opens_it_as_llamacpp(tmp_path: Path) -> None:
     cfg = load(tmp_path, {"kind": "llamacpp", "parallel": 3, "port": 8999, "top_k": 5})
     e = make_plan(cfg, ()).engines["llamacpp"]
-    assert e.server == LlamaCppServer(3, 8999, 120.0, 3600.0)
+    assert e.server == LlamaCppServer(3, 8999, 120.0, 3600.0, threads=None)
+    cfg = load(tmp_path, {"kind": "llamacpp", "threads": 1})
+    assert make_plan(cfg, ()).engines["llamacpp"].server.threads == 1
     assert e.kind == "llamacpp" and e.probes
     assert isinstance(e.opener, StartedServerOpener)
     with pytest.raises(ConfigError, match="its server was not started"):
