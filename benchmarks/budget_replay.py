@@ -165,13 +165,13 @@ class ReplayFigures:
 def demo_job(output_dir: Path) -> dict[str, Any]:
     """The demo's config with its engine replaced by a reference engine of the same bound."""
     data = yaml.safe_load(DEMO_CONFIG.read_text())
-    (engine,) = data["engines"]
+    (engine,) = validate_job_config(data, source=str(DEMO_CONFIG)).engines  # (its bound resolved)
     data["engines"] = [
         {
             "kind": "reference",
-            "name": engine["name"],
+            "name": engine.name,
             "vocab_size": VOCAB_SIZE,
-            "max_concurrency": engine["max_concurrency"],
+            "max_concurrency": engine.max_concurrency,
         }
     ]
     data["prompts"] = {"token_ids": [list(p) for p in PROMPTS]}

@@ -87,3 +87,32 @@ def test_a_job_on_the_managed_engine_runs_and_stops_its_server(
     # stream replays the sequential chain on the same server, token for token
     assert tokens["stream"] == tokens["sequential"]
     assert not listening(port) and server_processes(port) == []
+
+
+def test_the_demo_runs_on_the_llamacpp_engine_it_starts(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    out = io.StringIO()
+    status = main(
+        [
+            "run",
+            str(root / "configs" / "demo.yaml"),
+            "--output",
+            str(tmp_path / "demo"),
+            "--no-progress",
+            "--set",
+            'prompts.texts=["What is 2+2?"]',
+            "--set",
+            "sampler.block_size=8",
+            "--set",
+            "sampler.steps_per_block=3",
+            "--set",
+            "sampler.traversals=[sequential, crn, stream]",
+        ],
+        out=out,
+    )
+    assert status == 0, out.getvalue()
+    assert all(f"llamacpp/{t}" in out.getvalue() for t in ("sequential", "crn", "stream"))
+    samples = [json.loads(x) for x in (tmp_path / "demo" / "samples.jsonl").open()]
+    assert [s["status"] for s in samples] == ["ok", "ok", "ok"]
+    assert all(isinstance(s["text"], str) and s["text"] for s in samples)
+    assert samples[0]["prompt_len"] > 5  # the chat template was applied by /tokenize
