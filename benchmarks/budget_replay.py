@@ -174,13 +174,13 @@ def demo_job(output_dir: Path, seed: int | None = None) -> dict[str, Any]:
     data = yaml.safe_load(DEMO_CONFIG.read_text())
     if seed is not None:
         data["seed"] = seed
-    (engine,) = data["engines"]
+    (engine,) = validate_job_config(data, source=str(DEMO_CONFIG)).engines  # (its bound resolved)
     data["engines"] = [
         {
             "kind": "reference",
-            "name": engine["name"],
+            "name": engine.name,
             "vocab_size": VOCAB_SIZE,
-            "max_concurrency": engine["max_concurrency"],
+            "max_concurrency": engine.max_concurrency,
         }
     ]
     data["prompts"] = {"token_ids": [list(p) for p in PROMPTS]}

@@ -5,7 +5,8 @@
 #   scripts/llamacpp.sh setup                 idempotent, flock'ed; installs cmake/g++ via apt if
 #                                             missing, builds llama-server from the llama.cpp source
 #                                             vendored in the llama-cpp-python sdist, caches it
-#   scripts/llamacpp.sh start [--port P] [--parallel N] [--timeout S]   prints the base URL
+#   scripts/llamacpp.sh start [--port P] [--parallel N] [--threads T] [--timeout S]   prints the URL
+#   scripts/llamacpp.sh serve [--port P] [--parallel N] [--threads T]   the same, in the foreground
 #   scripts/llamacpp.sh stop [--port P]
 #   scripts/llamacpp.sh status [--port P]    exit 0 if healthy, 3 otherwise
 #
@@ -39,10 +40,15 @@ ensure_tools() {
     command -v curl >/dev/null || need+=(curl)
     "$PYTHON" -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
     ((${#need[@]} == 0)) && return 0
-    command -v apt-get >/dev/null || die "missing ${need[*]} and no apt-get"
+    command -v apt-get >/dev/null || die "missing ${need[*]} and no apt-get: install them"
+    local sudo=()
+    if ((EUID != 0)); then
+        command -v sudo >/dev/null || die "missing ${need[*]}: apt-get install -y ${need[*]} as root"
+        sudo=(sudo -n)  # never a password prompt: a caller may have no terminal
+    fi
     log "apt-get install ${need[*]}"
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+    "${sudo[@]}" apt-get update -qq >&2
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
 }
 
 build() {
@@ -95,18 +101,28 @@ cmd_setup() {
 
 PORT=${PRESTO_LLAMACPP_PORT:-8790}
 PARALLEL=4
+THREADS=""  # llama-server's -t; unset: its default (every core)
 TIMEOUT=120
 parse_opts() {
     while (($#)); do
         case $1 in
             --port) PORT=$2; shift 2 ;;
             --parallel) PARALLEL=$2; shift 2 ;;
+            --threads) THREADS=$2; shift 2 ;;
             --timeout) TIMEOUT=$2; shift 2 ;;
             *) die "unknown option $1" ;;
         esac
     done
 }
 pid_file() { echo "$HOME_DIR/server-$PORT.pid"; }
+# llama-server's command line, the one place both start and serve take it from.
+# --poll 0: ggml's threads sleep instead of spinning between ops. Measured on this shared
+# 2-core VM: 7-10 tokens/s for one request with the default (--poll 50), 80-86 with 0.
+server_cmd() {
+    SERVER_CMD=("$BIN" -m "$GGUF" --host "$HOST" --port "$PORT" -np "$PARALLEL"
+        -c $((2048 * PARALLEL)) --poll 0 --metrics --slots)
+    if [[ -n $THREADS ]]; then SERVER_CMD+=(-t "$THREADS"); fi
+}
 health() { curl -s -o /dev/null -m 5 -w '%{http_code}' "http://$HOST:$PORT/health" || true; }
 
 cmd_start() {
@@ -115,10 +131,8 @@ cmd_start() {
     [[ "$(health)" == 200 ]] && { echo "http://$HOST:$PORT"; return 0; }
     local lf=$HOME_DIR/server-$PORT.log pid t0
     t0=$(now)
-    # --poll 0: ggml's threads sleep instead of spinning between ops. Measured on this shared
-    # 2-core VM: 7-10 tokens/s for one request with the default (--poll 50), 80-86 with 0.
-    setsid "$BIN" -m "$GGUF" --host "$HOST" --port "$PORT" -np "$PARALLEL" -c $((2048 * PARALLEL)) \
-        --poll 0 --metrics --slots > "$lf" 2>&1 < /dev/null &
+    server_cmd
+    setsid "${SERVER_CMD[@]}" > "$lf" 2>&1 < /dev/null &
     pid=$!
     echo "$pid" > "$(pid_file)"
     until [[ "$(health)" == 200 ]]; do
@@ -129,6 +143,15 @@ cmd_start() {
     done
     log "healthy after $(elapsed "$t0") s"
     echo "http://$HOST:$PORT"
+}
+
+# The server in the foreground (exec'd: its pid is this script's), for a caller that owns the
+# process (presto's managed llama.cpp engine); logs go to stderr.
+cmd_serve() {
+    parse_opts "$@"
+    [[ -x $BIN && -f $GGUF ]] || die "not set up: run '$0 setup'"
+    server_cmd
+    exec "${SERVER_CMD[@]}" < /dev/null
 }
 
 cmd_stop() {
@@ -149,7 +172,8 @@ cmd_status() {
 case ${1:-} in
     setup) cmd_setup ;;
     start) shift; cmd_start "$@" ;;
+    serve) shift; cmd_serve "$@" ;;
     stop) shift; cmd_stop "$@" ;;
     status) shift; cmd_status "$@" ;;
-    *) die "usage: $0 {setup|start|stop|status} [--port P] [--parallel N]" ;;
+    *) die "usage: $0 {setup|start|serve|stop|status} [--port P] [--parallel N]" ;;
 esac

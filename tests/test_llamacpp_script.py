@@ -54,3 +54,34 @@ def test_start_before_setup_and_status_of_nothing_say_so(tmp_path: Path) -> None
     assert status.returncode == 3 and "health=000" in status.stdout
     usage = run(tmp_path, "bogus")
     assert usage.returncode != 0 and "usage" in usage.stderr
+
+
+def fake_cache(home: Path) -> None:
+    """A cache whose "llama-server" prints its command line and exits."""
+    (home / "bin").mkdir()
+    binary = home / "bin" / "llama-server-0.3.36"
+    binary.write_text('#!/bin/sh\necho "ARGS $*"\n')
+    binary.chmod(0o755)
+    (home / "model").mkdir()
+    (home / "model" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+
+
+def test_serve_runs_the_server_with_the_flags_of_start(tmp_path: Path) -> None:
+    fake_cache(tmp_path)
+    port = str(free_port())
+    serve = run(tmp_path, "serve", "--port", port, "--parallel", "3")
+    assert serve.returncode == 0, serve.stderr
+    (served,) = [line for line in serve.stdout.splitlines() if line.startswith("ARGS ")]
+    assert f"--port {port} -np 3 -c 6144 --poll 0" in served and " -t " not in served
+    one = run(tmp_path, "serve", "--port", port, "--parallel", "3", "--threads", "1")
+    assert one.returncode == 0 and one.stdout.strip().endswith("--slots -t 1"), one.stdout
+    start = run(tmp_path, "start", "--port", port, "--parallel", "3", "--timeout", "10")
+    # The fake exits at once: start reports it died, with its log (the same command line).
+    assert start.returncode != 0 and "server died" in start.stderr
+    (started,) = [line for line in start.stderr.splitlines() if line.startswith("ARGS ")]
+    assert started == served
+
+
+def test_serve_before_setup_says_so(tmp_path: Path) -> None:
+    serve = run(tmp_path, "serve", "--port", str(free_port()))
+    assert serve.returncode != 0 and "not set up" in serve.stderr

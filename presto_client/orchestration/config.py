@@ -30,7 +30,6 @@ from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, 
 from presto_client.orchestration.engine_config import (
     ENGINE_TAGS,
     EmbeddedEngineConfig,
-    EngineConfig,
     EngineConfigBase,
     HttpEngineConfig,
     ReferenceEngineConfig,
@@ -44,7 +43,11 @@ from presto_client.orchestration.engine_config import (
 )
 from presto_client.orchestration.executor_config import ExecutorConfig
 from presto_client.orchestration.grading import GraderConfig
+from presto_client.orchestration.llamacpp_engine import ManagedLlamaCppConfig
 from presto_client.orchestration.planned import Prompt
+
+EngineConfig = engine_config_type()
+"""An engine entry of a job config (every registered kind, the managed llama.cpp included)."""
 
 __all__ = [
     "ENGINE_TAGS",
@@ -53,6 +56,7 @@ __all__ = [
     "EngineConfigBase",
     "HttpEngineConfig",
     "JobConfig",
+    "ManagedLlamaCppConfig",
     "Prompt",
     "PromptsConfig",
     "ReferenceEngineConfig",

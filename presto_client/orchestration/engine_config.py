@@ -1,9 +1,11 @@
 """The engines of a job config: one pydantic class per kind of engine, and their registry.
 
-HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows);
-every other kind is a class of its own registered by its ``kind`` with
-:func:`register_engine_kind` (the embedded server and the reference model below; a new in-process
-kind is one file that defines its class and registers it). The job config's ``engines`` union is
+HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows),
+except ``kind: llamacpp`` without a URL: llama.cpp that presto builds and starts itself
+(:mod:`.llamacpp_engine`, its own union tag); every other kind is a class of its own
+registered by its ``kind`` with :func:`register_engine_kind` (the embedded server and the
+reference model below; a new in-process kind is one file that defines its class and registers
+it). The job config's ``engines`` union is
 built from this registry, so a config error still names the field path and lists valid kinds.
 
 Each class knows how its replicas are opened (:meth:`opener`: a plain object the plan holds, so
@@ -50,7 +52,7 @@ HTTP_TAG = "http"
 def local_kinds() -> tuple[str, ...]:
     """Engine kinds that are not HTTP backends, in registration order (:func:`register_engine_kind`:
     the embedded CPU server, the reference model, then any registered later)."""
-    return tuple(k for k in ENGINE_TAGS if k != HTTP_TAG)
+    return tuple(k for k in ENGINE_TAGS if k not in (HTTP_TAG, MANAGED_LLAMACPP_TAG))
 
 
 def http_kinds() -> tuple[str, ...]:
@@ -411,6 +413,10 @@ class EmbeddedOpener:
         return [create_engine(spec, 0)]
 
 
+MANAGED_LLAMACPP_TAG = "llamacpp-managed"
+"""The union tag of :class:`ManagedLlamaCppConfig`: ``kind: llamacpp`` without a URL."""
+
+
 class ReferenceEngineConfig(EngineConfigBase):
     """The exact in-process reference model: no server, runs in seconds (tests, demos)."""
 
@@ -485,14 +491,25 @@ class ReferenceOpener:
 def _engine_tag(value: Any) -> str | None:
     """Which config class an engine entry is: its registered local kind, or ``http`` for any
     other kind (checked against the backends' registry by :class:`HttpEngineConfig`)."""
+    managed = ENGINE_TAGS.get(MANAGED_LLAMACPP_TAG)
+    if managed is not None and isinstance(value, managed):
+        return MANAGED_LLAMACPP_TAG
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     if kind is None:
         return None
-    return kind if kind in ENGINE_TAGS and kind != HTTP_TAG else HTTP_TAG
+    if (
+        kind == "llamacpp"
+        and isinstance(value, dict)
+        and value.get("base_url") is None
+        and value.get("base_urls") is None
+    ):
+        return MANAGED_LLAMACPP_TAG
+    return kind if kind in local_kinds() else HTTP_TAG
 
 
 ENGINE_TAGS: dict[str, type[EngineConfigBase]] = {HTTP_TAG: HttpEngineConfig}
-"""The registry: union tag -> engine config class (``http``, then each local kind)."""
+"""The registry: union tag -> engine config class (``http``, then each local kind; and
+``llamacpp-managed``, an HTTP kind, once :mod:`.llamacpp_engine` is imported)."""
 
 _REGISTERED_HOOKS: list[Callable[[], None]] = []
 

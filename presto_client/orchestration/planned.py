@@ -50,6 +50,19 @@ class EmbeddedServer:
 
 
 @dataclass(frozen=True, slots=True)
+class LlamaCppServer:
+    """A llama.cpp server that presto sets up (once, cached) and starts before the engines
+    open (its URL is then the engine's)."""
+
+    parallel: int
+    port: int | None
+    startup_timeout_s: float
+    setup_timeout_s: float
+    threads: int | None = None
+    """llama-server's threads (``None``: its default, every core)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PlannedEngine:
     """An engine of the job, resolved: what the orchestration needs to open and bound it."""
 
@@ -65,7 +78,8 @@ class PlannedEngine:
     description: str
     """Where it is and what it serves, in words (``presto validate``)."""
     opener: ReplicaOpener
-    server: EmbeddedServer | None = None
+    server: EmbeddedServer | LlamaCppServer | None = None
+    """A server presto starts for the engine before it opens (``None``: none)."""
 
 
 @dataclass(frozen=True, slots=True)

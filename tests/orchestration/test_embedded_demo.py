@@ -1,4 +1,5 @@
-"""The demo path on the real embedded engine (SmolLM2-135M on CPU), kept tiny."""
+"""The demo on the real embedded engine (configs/demo_embedded.yaml: SmolLM2-135M on CPU),
+kept tiny."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_demo_config_runs_on_the_embedded_engine(tmp_path: Path) -> None:
     status = main(
         [
             "run",
-            str(ROOT / "configs" / "demo.yaml"),
+            str(ROOT / "configs" / "demo_embedded.yaml"),
             "--output",
             str(tmp_path / "demo"),
             "--no-progress",

@@ -210,7 +210,15 @@ def test_api_key_field_is_rejected(write_config: Callable[..., Path]) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["demo.yaml", "reference.yaml", "vllm.yaml", "sglang.yaml", "vllm_vs_sglang.yaml"]
+    "name",
+    [
+        "demo.yaml",
+        "demo_embedded.yaml",
+        "reference.yaml",
+        "vllm.yaml",
+        "sglang.yaml",
+        "vllm_vs_sglang.yaml",
+    ],
 )
 def test_shipped_configs_validate(name: str) -> None:
     cfg = load_job_config(ROOT / "configs" / name)

@@ -195,6 +195,11 @@ def test_write_plots_needs_only_the_files(
 def test_validate_the_demo_without_starting_anything() -> None:
     status, out = run_cli("validate", str(ROOT / "configs" / "demo.yaml"), "-o", "/nonexistent")
     assert status == 0
+    assert "llama.cpp's llama-server (built and started by presto" in out
+    assert "llamacpp/sequential, llamacpp/stream, llamacpp/crn, llamacpp/predictive" in out
+    path = str(ROOT / "configs" / "demo_embedded.yaml")
+    status, out = run_cli("validate", path, "-o", "/nonexistent")
+    assert status == 0
     assert "embedded CPU server (started by presto)" in out
     assert "embedded/sequential, embedded/stream, embedded/crn, embedded/predictive" in out
 
