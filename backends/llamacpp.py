@@ -269,7 +269,12 @@ class LlamaCppAdapter(Adapter):
     modes: ClassVar[tuple[str, ...]] = (RAW,)
     default_mode: ClassVar[str] = RAW
     models_path: ClassVar[str] = "/v1/models"
-    metric_names: ClassVar[tuple[str, str] | None] = None
+    # prompt_tokens counts the prompt tokens computed (the cached ones are left out).
+    metric_names: ClassVar[tuple[str, str] | None] = (
+        "llamacpp:prompt_tokens",
+        "llamacpp:prompt_tokens_cached",
+    )
+    metric_queries_exclude_hits: ClassVar[bool] = True
     streaming: ClassVar[bool] = False
     max_top_k: ClassVar[int | None] = None
     start_hint: ClassVar[str] = (
