@@ -150,6 +150,23 @@ async def test_a_context_has_one_distribution_whatever_the_request(llamacpp_serv
         await eng.aclose()
 
 
+async def test_prefix_cache_counters_count_a_reused_prompt(llamacpp_server: str) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        (prompt, _) = await prompts(eng)
+        before = await eng.metrics()
+        req = ProposalRequest(prompt, 2, TAU, 3, ScoreSpec((TAU,)))
+        await eng.generate([req])
+        await eng.generate([req])  # the same prompt: all but its last token come from the cache
+        after = await eng.metrics()
+        queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+        hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+        assert queries == 2 * len(prompt)
+        assert len(prompt) - 1 <= hits < queries
+    finally:
+        await eng.aclose()
+
+
 async def test_seed_reproduces_alone_and_beside_parallel_slots(llamacpp_server: str) -> None:
     eng = engine(llamacpp_server)
     try:
