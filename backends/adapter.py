@@ -57,6 +57,8 @@ class Adapter:
     metrics_path: ClassVar[str] = "/metrics"
     metric_names: ClassVar[tuple[str, str] | None] = None
     """Prometheus names of the prefix-cache (queries, hits) token counters."""
+    metric_queries_exclude_hits: ClassVar[bool] = False
+    """The 'queries' counter leaves out the cached tokens (``queries = it + hits``)."""
     streaming: ClassVar[bool] = False
     max_top_k: ClassVar[int | None] = None
     start_hint: ClassVar[str] = ""

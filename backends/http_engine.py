@@ -452,7 +452,11 @@ class HttpEngine(ProbeMixin):
         if self.adapter.metric_names is None:
             return {}
         text = await self.transport.get_text(self.adapter.metrics_path, label="metrics")
-        return prefix_cache_metrics(text, self.adapter.metric_names)
+        return prefix_cache_metrics(
+            text,
+            self.adapter.metric_names,
+            queries_exclude_hits=self.adapter.metric_queries_exclude_hits,
+        )
 
     # ---- probe
 

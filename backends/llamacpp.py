@@ -23,6 +23,11 @@ Traps, each handled here:
   sent neutral too, mirostat off (it replaces the chain), dynamic temperature off.
 * ``seed`` is a uint32 and ``0xFFFFFFFF`` means "random": seeds are reduced below it.
 
+One distribution per context needs the server's KV cache in bf16 (``-fa on -ctk bf16 -ctv
+bf16``): with f16 or f32 the CPU flash attention picks its kernel by batch size and context
+length, and the Q4_1 matmuls' Q8 activations amplify the rounding differences to 0.1-0.5 nats
+of ``log Z`` between two requests of one context (docs/backends.md).
+
 Exact scores: no prompt-logprob route exists, but a one-token generation whose sampled token is
 forced by a logit bias reports the raw ``log p0`` of that token (logit biases act after the
 reported probabilities), with the raw top-K or, with ``n_probs`` past the vocabulary, the whole
@@ -277,11 +282,17 @@ class LlamaCppAdapter(Adapter):
     modes: ClassVar[tuple[str, ...]] = (RAW,)
     default_mode: ClassVar[str] = RAW
     models_path: ClassVar[str] = "/v1/models"
-    metric_names: ClassVar[tuple[str, str] | None] = None
+    # prompt_tokens counts the prompt tokens computed (the cached ones are left out).
+    metric_names: ClassVar[tuple[str, str] | None] = (
+        "llamacpp:prompt_tokens",
+        "llamacpp:prompt_tokens_cached",
+    )
+    metric_queries_exclude_hits: ClassVar[bool] = True
     streaming: ClassVar[bool] = False
     max_top_k: ClassVar[int | None] = None
     start_hint: ClassVar[str] = (
-        "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics`; or "
+        "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics -fa on "
+        "-ctk bf16 -ctv bf16`; or "
         "`bash scripts/llamacpp.sh start` for the CPU test server (port 8790)"
     )
     tokenize_paths: ClassVar[tuple[str, ...]] = ("/tokenize",)

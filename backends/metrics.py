@@ -45,14 +45,22 @@ def counter(samples: dict[str, float], name: str) -> float | None:
     return None
 
 
-def prefix_cache_metrics(text: str, names: tuple[str, str] | None) -> dict[str, float]:
-    """``prefix_cache_queries``/``prefix_cache_hits`` (and ``prefix_cache_hit_rate``)."""
+def prefix_cache_metrics(
+    text: str, names: tuple[str, str] | None, *, queries_exclude_hits: bool = False
+) -> dict[str, float]:
+    """``prefix_cache_queries``/``prefix_cache_hits`` (and ``prefix_cache_hit_rate``).
+
+    ``queries_exclude_hits``: the first counter counts only the prompt tokens computed, not
+    those found in the cache (llama.cpp's ``prompt_tokens``), so the queries are both summed.
+    """
     samples = parse_prometheus(text)
     out: dict[str, float] = {}
     if names is None:
         return out
     queries = counter(samples, names[0])
     hits = counter(samples, names[1])
+    if queries_exclude_hits and queries is not None:
+        queries = queries + hits if hits is not None else None
     if queries is not None:
         out["prefix_cache_queries"] = queries
     if hits is not None:

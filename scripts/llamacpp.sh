@@ -115,12 +115,21 @@ parse_opts() {
     done
 }
 pid_file() { echo "$HOME_DIR/server-$PORT.pid"; }
-# llama-server's command line, the one place both start and serve take it from.
-# --poll 0: ggml's threads sleep instead of spinning between ops. Measured on this shared
-# 2-core VM: 7-10 tokens/s for one request with the default (--poll 50), 80-86 with 0.
+# llama-server's command line in SERVER_CMD, the one place both start and serve take it from.
+# --poll 0: ggml's threads sleep instead of spinning between ops. Measured on this shared 2-core
+# VM: 7-10 tokens/s for one request with the default (--poll 50), 80-86 with 0.
+# -fa on with a bf16 KV cache: one distribution per context. ggml-cpu's flash attention has three
+# kernels: a tiled one for batches of >= 64 queries, a split-KV one for one query over >= 512 KV
+# cells (a decode step past 256 tokens of context), and a plain one; with an f16 or f32 cache
+# the kernel depends on the batch, the f16 plain one accumulates V in f16, and the Q8 quantised
+# activations of the Q4_1 matmuls turn the rounding differences into 0.1-0.5 nats of log Z at a
+# position. With bf16 K/V only the plain kernel runs (f32 accumulation), whatever the batch:
+# bit-identical logprobs for prompt, cached prefix, decode and other slots' requests
+# (benchmarks/llamacpp_drift.py). -fa off (mul_mat kernels per batch size) also drifts.
 server_cmd() {
     SERVER_CMD=("$BIN" -m "$GGUF" --host "$HOST" --port "$PORT" -np "$PARALLEL"
-        -c $((2048 * PARALLEL)) --poll 0 --metrics --slots)
+        -c $((2048 * PARALLEL)) --poll 0 --metrics --slots
+        -fa on --cache-type-k bf16 --cache-type-v bf16)
     if [[ -n $THREADS ]]; then SERVER_CMD+=(-t "$THREADS"); fi
 }
 health() { curl -s -o /dev/null -m 5 -w '%{http_code}' "http://$HOST:$PORT/health" || true; }

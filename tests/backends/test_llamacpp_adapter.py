@@ -22,9 +22,10 @@ from backends.llamacpp import (
     held_back_positions,
     request_seed,
 )
+from backends.metrics import prefix_cache_metrics
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import InvalidResponseError
-from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 
 EOS = 2
 K = 3
@@ -229,3 +230,37 @@ async def test_a_held_back_token_gets_its_row_from_a_whole_row_request() -> None
     assert scored.logp0.tolist() == [-0.5, -0.1, -0.5]
     assert sent[1]["prompt"] == [10, 11, 12, 5] and sent[1]["n_probs"] == FULL_ROW
     assert sent[1]["logit_bias"] == [[0, FORCE_BIAS]] and sent[1]["n_predict"] == 1
+
+
+# llama-server's /metrics (with --metrics), as it answers: prompt_tokens leaves out the cached ones.
+METRICS = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 2396
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 1562
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 271
+"""
+
+
+def test_prefix_cache_counters_count_cached_and_computed_prompt_tokens() -> None:
+    adapter = LlamaCppAdapter(_spec())
+    out = prefix_cache_metrics(
+        METRICS, adapter.metric_names, queries_exclude_hits=adapter.metric_queries_exclude_hits
+    )
+    assert out["prefix_cache_queries"] == 2396 + 1562
+    assert out["prefix_cache_hits"] == 1562
+    assert out["prefix_cache_hit_rate"] == pytest.approx(1562 / 3958)
+    assert adapter.capabilities().metrics == adapter.metric_names
+
+
+async def test_engine_reads_the_prefix_cache_counters_from_metrics() -> None:
+    pool = MemoryPool(lambda sent: text_answer(200, METRICS))
+    eng = create_engine(_spec(model="m"), pool=pool)
+    try:
+        out = await eng.metrics()
+    finally:
+        await eng.aclose()
+    assert out["prefix_cache_queries"] == 3958 and out["prefix_cache_hits"] == 1562
