@@ -74,7 +74,9 @@ def test_serve_runs_the_server_with_the_flags_of_start(tmp_path: Path) -> None:
     (served,) = [line for line in serve.stdout.splitlines() if line.startswith("ARGS ")]
     assert f"--port {port} -np 3 -c 6144 --poll 0" in served and " -t " not in served
     one = run(tmp_path, "serve", "--port", port, "--parallel", "3", "--threads", "1")
-    assert one.returncode == 0 and one.stdout.strip().endswith("--slots -t 1"), one.stdout
+    # one distribution per context: flash attention on a bf16 KV cache (docs/backends.md)
+    assert "-fa on --cache-type-k bf16 --cache-type-v bf16" in served
+    assert one.returncode == 0 and one.stdout.strip().endswith("bf16 -t 1"), one.stdout
     start = run(tmp_path, "start", "--port", port, "--parallel", "3", "--timeout", "10")
     # The fake exits at once: start reports it died, with its log (the same command line).
     assert start.returncode != 0 and "server died" in start.stderr
