@@ -32,6 +32,17 @@ catches), and the draws are the transition's, so it is the request the sequentia
 (for EntropyCut the cut is a guess from the received entropies, used only if the realised state
 draws it). Decisions still wait for the whole extension: ``log A`` needs the state's suffix.
 
+So is the head's accept branch. While the head's proposal (cut ``c``) streams in, the state its
+accept would make is the head's prefix followed by the tokens received so far; a later
+transition whose cut lies past ``c`` and inside them can have its proposal issued from that
+state (the draws are the transition's: it is the request the sequential chain makes if the head
+accepts). Most heads reject, so this is done only while the head is likely to accept
+(:class:`~presto_client.core.accept_branch.AcceptPredictor`, from its partial ``log A`` and the
+transition's known uniform) and the engine's budget allows. Once the head is decided, an
+accept-branch proposal is kept iff it passes the same check as every proposal against the
+decided state (after a reject its prefix holds the head's tokens, so it is closed); the
+predictor only decides what is issued.
+
 Statistics: a *call* of this traversal is a wait of the walk on the engine together with the
 transitions decided after it without waiting (one ``stream`` record each; ``call_wall_s`` is the
 time the walk spent waiting), so ``transitions_per_call`` counts transitions per wait, as for the
@@ -40,31 +51,25 @@ round-based rules.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ProposalRequest
+from presto_client.core.accept_branch import AcceptPredictor
+from presto_client.core.chain_runner import ChainResult, RoundCallback
+from presto_client.core.engine_protocol import Engine
 from presto_client.core.kernels import RejectionBound, Verdict
-from presto_client.core.rng import TransitionDraws
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
+from presto_client.core.stream_base import HEAD, SPECULATIVE, STREAM_RETRIES, StreamBase
 from presto_client.core.stream_flight import InFlight, Streamed, join_chunks
-from presto_client.errors import EngineError, InvalidResponseError
 
 logger = logging.getLogger(__name__)
 
-STREAM_RETRIES = 2
-"""A broken stream (connection lost midway) is re-requested this many times (same seed)."""
-
-HEAD = "head"
-SPECULATIVE = "speculative"
+__all__ = ["HEAD", "SPECULATIVE", "STREAM_RETRIES", "StreamRunner"]
 
 SURVIVAL_FLOOR = 0.1
 """A speculative proposal is issued only while it is this likely to be usable at its turn
@@ -72,12 +77,16 @@ SURVIVAL_FLOOR = 0.1
 far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite
 wait until the walk is nearer. Speed only: which proposals are in flight never changes the
 chain."""
+BRANCH_DROP = 0.5
+"""The accept branch is closed once the head's predicted accept falls below this fraction of
+:data:`SURVIVAL_FLOOR` (under the floor itself nothing new is issued: a margin against closing
+and re-issuing on every chunk)."""
 ACCEPT_PRIOR = (1.2, 4.0)
 """Prior of the acceptance rate (pseudo accepts, pseudo transitions) before the chain has its
 own: 0.3."""
 
 
-class StreamRunner(ChainRunner):
+class StreamRunner(StreamBase):
     """PreSTO with a streaming window of in-flight proposals (see the module doc)."""
 
     def __init__(
@@ -91,191 +100,27 @@ class StreamRunner(ChainRunner):
         budget: SpeculationBudget | None = None,
         early_rejection: bool = True,
         overlap: bool = True,
+        accept_branch: bool = True,
     ) -> None:
         """``window``: the most proposals in flight (the walk's own included); ``None``: as many
         as the budget allows, up to every remaining transition. ``overlap``: issue proposals
-        while the block's extension streams in."""
-        super().__init__(engine, sampler, seed, on_round)
+        while the block's extension streams in. ``accept_branch``: while the head streams,
+        issue the proposals the walk needs if the head accepts, when it likely will."""
+        super().__init__(engine, sampler, seed, on_round, budget)
         if window is not None and window < 1:
             raise ValueError("window must be >= 1 (or None: no cap)")
         self.window = window
-        self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
         self.early_rejection = early_rejection
         self.overlap = overlap
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._draws: dict[tuple[int, int], TransitionDraws] = {}
+        self.accept_branch = accept_branch
         self._next: tuple[Streamed, np.ndarray] | None = None
         """The next block's extension, speculated from the state whose response it follows."""
-        self._issued_since = 0
-        self._sequences_since = 0
-        self._tokens_since = 0
         self._open_transitions = 0
         self._open_accepts = 0
         self._open_wall = 0.0
-
-    # ---- issuing and cancelling
-
-    def _transition_draws(self, block: int, k: int) -> TransitionDraws:
-        """Transition ``k``'s draws, computed once (the overlap asks for them per chunk)."""
-        key = (block, k)
-        draws = self._draws.get(key)
-        if draws is None:
-            if self._draws and next(iter(self._draws))[0] != block:
-                self._draws.clear()  # a new block: the previous one's draws are done with
-            draws = self._draws[key] = self.randomness.transition(block, k)
-        return draws
-
-    def _start(self, flight: Streamed) -> None:
-        n = len(flight.requests)
-        flight.chunks = [[] for _ in range(n)]
-        flight.received = [0] * n
-        flight.finished = [False] * n
-        flight.active = [True] * n
-        if flight.role == HEAD:
-            self.budget.add_head(n)
-        for i in range(n):
-            task = asyncio.create_task(self._consume(flight, i))
-            flight.tasks.append(task)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def _issue(
-        self,
-        state: ChainState,
-        block: int,
-        k: int,
-        role: str,
-        *,
-        cut: int | None = None,
-        length: int | None = None,
-    ) -> InFlight:
-        """Transition ``k``'s proposal from ``state`` (the cut the kernel draws on it, unless
-        given; ``length``: the response's length once complete, if ``state`` is a prefix)."""
-        draws = self._transition_draws(block, k)
-        if cut is None:
-            cut = self.kernel.cut(state, draws.u_cut)
-        length = state.length if length is None else length
-        requests = self.kernel.requests(state.prefix(cut), length - cut, draws)
-        flight = InFlight(
-            k,
-            requests,
-            role,
-            draws=draws,
-            cut=cut,
-            response_prefix=state.response.token_ids[:cut].copy(),
-        )
-        self._start(flight)
-        n = len(requests)
-        self.stats.requests_issued += 1
-        self.stats.sequences_issued += n
-        self._issued_since += 1
-        self._sequences_since += n
-        return flight
-
-    def _leave(self, flight: Streamed, index: int) -> None:
-        """Sequence ``index`` no longer runs on the engine: give its slot back."""
-        if not flight.active[index]:
-            return
-        flight.active[index] = False
-        if flight.role == HEAD:
-            self.budget.remove_head(1)
-        else:
-            self.budget.release(1)
-
-    def _promote(self, flight: InFlight) -> None:
-        """A speculative proposal becomes the head: its running sequences move budgets."""
-        if flight.role == HEAD:
-            return
-        running = sum(flight.active)
-        self.budget.release(running)
-        self.budget.add_head(running)
-        flight.role = HEAD
-
-    def _close(self, flight: Streamed) -> int:
-        """Close every stream of ``flight`` (the server aborts them); tokens not generated.
-
-        Closing twice is a no-op (the walk's cleanup closes whatever is still open)."""
-        if flight.closed:
-            return 0
-        flight.closed = True
-        for task in flight.tasks:
-            task.cancel()
-        for i in range(len(flight.requests)):
-            self._leave(flight, i)
-        self.stats.tokens_generated += flight.tokens
-        self._tokens_since += flight.tokens
-        return sum(r.num_tokens for r in flight.requests) - flight.tokens
-
-    async def _consume(self, flight: Streamed, index: int) -> None:
-        """Stream sequence ``index`` into ``flight``; errors are kept for the walk to raise."""
-        request = flight.requests[index]
-        retries = 0
-        try:
-            while True:
-                try:
-                    await self._stream_once(flight, index, request)
-                    return
-                except EngineError as exc:
-                    if not exc.retryable or retries >= STREAM_RETRIES:
-                        raise
-                    retries += 1
-                    logger.info(
-                        "[%s] %s: stream broke after %d tokens (%s); retry %d/%d",
-                        self.engine.name,
-                        flight.what,
-                        flight.received[index],
-                        exc,
-                        retries,
-                        STREAM_RETRIES,
-                    )
-                    # A fresh sample replaces the broken one: whether a stream breaks does not
-                    # depend on its tokens, so the kernel is unchanged.
-                    flight.chunks[index] = []
-                    flight.received[index] = 0
-                    flight.attempts += 1
-                    flight.changed.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # handed to the walk, which raises it if it needs this proposal
-            flight.error = exc
-            flight.changed.set()
-        finally:
-            self._leave(flight, index)
-
-    async def _stream_once(self, flight: Streamed, index: int, request: ProposalRequest) -> None:
-        budget = self.budget
-        previous: float | None = None
-        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                n = len(chunk)
-                if n == 0:
-                    continue
-                now = time.perf_counter()
-                if previous is not None:  # the first chunk carries queueing and prefill
-                    budget.observe(n, now - previous, budget.in_flight)
-                previous = now
-                flight.chunks[index].append(chunk)
-                flight.received[index] += n
-                flight.changed.set()
-        if flight.received[index] != request.num_tokens:
-            raise InvalidResponseError(
-                f"{flight.what}: asked for {request.num_tokens} tokens, the stream "
-                f"delivered {flight.received[index]}",
-                engine=self.engine.name,
-            )
-        flight.finished[index] = True
-        flight.changed.set()
-
-    # ---- usability
-
-    def _usable(self, flight: InFlight, state: ChainState) -> bool:
-        """Whether ``flight`` is the request the sequential chain would make from ``state``."""
-        current = state.response.token_ids[: flight.cut]
-        if not np.array_equal(current, flight.response_prefix):
-            return False
-        if self.kernel.state_dependent_cut:
-            return self.kernel.cut(state, flight.draws.u_cut) == flight.cut
-        return True
+        self.branch_issued = 0
+        """Accept-branch proposals issued, and those the walk kept (their head accepted)."""
+        self.branch_kept = 0
 
     # ---- the walk
 
@@ -489,25 +334,32 @@ class StreamRunner(ChainRunner):
     async def _transition(
         self, state: ChainState, flight: InFlight, block: int, window: dict[int, InFlight]
     ) -> ChainState:
-        verdict, waited = await self._await_decision(state, flight, block)
-        if verdict is not None:  # early rejection: close the rest of the proposal
-            saved = self._close(flight)
-            self.stats.early_rejects += 1
-            self.stats.tokens_saved_early += saved
-            self._record_decision(verdict, flight.cut, block, flight.k, False)
-        else:
-            self.stats.tokens_generated += flight.tokens
-            self._tokens_since += flight.tokens
-            proposals = [join_chunks(c) for c in flight.chunks]
-            verdict = await self._decide(
-                state, flight.cut, proposals, flight.draws, block, flight.k
-            )
-            if verdict.accepted:
-                state = self.kernel.accept(state, flight.cut, proposals, verdict)
-                for j in [j for j, other in window.items() if not self._usable(other, state)]:
-                    self._close(window.pop(j))
-                    self.stats.requests_cancelled += 1
-                self._drop_next(state)
+        branch: dict[int, InFlight] = {}
+        """The accept branch: proposals issued from the state ``flight``'s accept would make."""
+        try:
+            verdict, waited = await self._await_decision(state, flight, block, window, branch)
+            if verdict is not None:  # early rejection: close the rest of the proposal
+                saved = self._close(flight)
+                self.stats.early_rejects += 1
+                self.stats.tokens_saved_early += saved
+                self._record_decision(verdict, flight.cut, block, flight.k, False)
+            else:
+                self.stats.tokens_generated += flight.tokens
+                self._tokens_since += flight.tokens
+                proposals = [join_chunks(c) for c in flight.chunks]
+                verdict = await self._decide(
+                    state, flight.cut, proposals, flight.draws, block, flight.k
+                )
+                if verdict.accepted:
+                    state = self.kernel.accept(state, flight.cut, proposals, verdict)
+                    for j in [j for j, other in window.items() if not self._usable(other, state)]:
+                        self._close(window.pop(j))
+                        self.stats.requests_cancelled += 1
+                    self._drop_next(state)
+            self._settle_branch(window, branch, state)
+        finally:
+            for other in branch.values():  # the walk stopped before the decision
+                self._close(other)
         self.stats.requests_used += 1
         if waited is not None:  # a wait on the engine opens a new call record
             self._flush(block)
@@ -515,6 +367,92 @@ class StreamRunner(ChainRunner):
         self._open_accepts += int(verdict.accepted)
         self._open_wall += waited or 0.0
         return state
+
+    # ---- the accept branch
+
+    def _branch_usable(self, flight: InFlight, state: ChainState) -> bool:
+        """Whether an accept-branch proposal is usable from the decided ``state``: the same
+        check as every proposal's (its prefix is the realised one), whatever the predictor
+        said."""
+        return self._usable(flight, state)
+
+    def _settle_branch(
+        self, window: dict[int, InFlight], branch: dict[int, InFlight], state: ChainState
+    ) -> None:
+        """The head is decided: an accept-branch proposal replaces the window's at its
+        transition if that one is gone or no longer usable and it is usable itself (the head
+        accepted with the tokens it was issued after); every other one is closed."""
+        for j, flight in branch.items():
+            current = window.get(j)
+            if (current is None or not self._usable(current, state)) and self._branch_usable(
+                flight, state
+            ):
+                if current is not None:
+                    self._close(current)
+                    self.stats.requests_cancelled += 1
+                window[j] = flight
+                self.branch_kept += 1
+            else:
+                self._close(flight)
+                self.stats.requests_cancelled += 1
+        branch.clear()
+
+    def _speculate_branch(
+        self,
+        state: ChainState,
+        head: InFlight,
+        predictor: AcceptPredictor,
+        window: dict[int, InFlight],
+        branch: dict[int, InFlight],
+        block: int,
+    ) -> None:
+        """Issue, from the state the head's accept would make (its prefix, then the tokens of
+        the candidate it would splice received so far), the proposals of the transitions after
+        it whose cut lies past the head's cut and inside those tokens, while the head is likely
+        enough to accept (and the proposal to survive the transitions between). Those already
+        issued stay until the decision; all are closed when the head has become unlikely to
+        accept, or when the candidate it would splice changes."""
+        probability, candidate = predictor.predict()
+        if branch and (
+            probability < BRANCH_DROP * SURVIVAL_FLOOR
+            or any(flight.candidate != candidate for flight in branch.values())
+        ):
+            for flight in branch.values():
+                self._close(flight)
+                self.stats.requests_cancelled += 1
+            branch.clear()
+        if probability < SURVIVAL_FLOOR or not head.chunks[candidate]:
+            return
+        received = join_chunks(head.chunks[candidate])
+        partial = state.with_response(state.response.slice(0, head.cut).concat(received))
+        length = state.length
+        steps = self.config.steps_per_block
+        per = self.kernel.sequences_per_proposal
+        threats: list[int] = []
+        for j in range(head.k + 1, self._last(head.k, steps)):
+            flight = branch.get(j)
+            if flight is not None:
+                threats.append(flight.cut)
+                continue
+            cut = self.kernel.speculative_cut(
+                partial, length, self._transition_draws(block, j).u_cut
+            )
+            survival = probability * self._survival(threats, cut)
+            threats.append(cut)
+            if cut <= head.cut:
+                continue  # the accept leaves its prefix as it is: the window's to issue
+            if not self._ready(cut, partial.length):
+                break  # nor the later ones' (PowerMH's cuts do not move; a guess otherwise)
+            if survival < SURVIVAL_FLOOR:
+                continue
+            if self.window is not None and 1 + len(window) + len(branch) >= self.window:
+                break
+            if not self.budget.try_acquire(per):
+                break
+            flight = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
+            flight.candidate = candidate
+            branch[j] = flight
+            self.branch_issued += 1
 
     def _flush(self, block: int) -> None:
         """Record the open call: one wait of the walk and the transitions decided after it
@@ -540,44 +478,54 @@ class StreamRunner(ChainRunner):
         self._open_wall = 0.0
 
     async def _await_decision(
-        self, state: ChainState, flight: InFlight, block: int
+        self,
+        state: ChainState,
+        flight: InFlight,
+        block: int,
+        window: dict[int, InFlight],
+        branch: dict[int, InFlight],
     ) -> tuple[Verdict | None, float | None]:
-        """Wait until ``flight`` is complete or certainly rejected.
+        """Wait until ``flight`` is complete or certainly rejected, speculating its accept
+        branch into ``branch`` meanwhile.
 
         Returns the early rejection's verdict (``None`` when the proposal completed) and the time
         the walk waited (``None`` when it did not wait at all).
         """
         bound: RejectionBound | None = None
+        predictor: AcceptPredictor | None = None
         fed: list[int] = []
         attempts = -1
         waited: float | None = None
         while True:
             if flight.error is not None:
                 raise flight.error
-            if self.early_rejection and not flight.complete:
+            if not flight.complete:
                 if attempts != flight.attempts:  # first look, or a stream restarted: rebuild
                     attempts = flight.attempts
-                    bound = self.kernel.rejection_bound(state, flight.cut, flight.draws)
+                    if self.early_rejection:
+                        bound = self.kernel.rejection_bound(state, flight.cut, flight.draws)
+                    if self.accept_branch:
+                        predictor = AcceptPredictor(self.kernel, state, flight.cut, flight.draws)
                     fed = [0] * len(flight.requests)
-                if bound is not None:
-                    for i, chunks in enumerate(flight.chunks):
-                        while fed[i] < len(chunks):
+                news = False
+                for i, chunks in enumerate(flight.chunks):
+                    while fed[i] < len(chunks):
+                        if bound is not None:
                             bound.feed(i, chunks[fed[i]])
-                            fed[i] += 1
-                    if bound.rejects():
-                        return bound.verdict(), waited
+                        if predictor is not None:
+                            predictor.feed(i, chunks[fed[i]])
+                        fed[i] += 1
+                        news = True
+                if bound is not None and bound.rejects():
+                    return bound.verdict(), waited
+                if predictor is not None and news:
+                    self._speculate_branch(state, flight, predictor, window, branch, block)
             if flight.complete:
                 return None, waited
             flight.changed.clear()
             started = time.perf_counter()
             await flight.changed.wait()
             waited = (waited or 0.0) + time.perf_counter() - started
-
-    async def _drain(self) -> None:
-        """Wait for closed streams to finish closing (their HTTP connections released)."""
-        pending = list(self._tasks)
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
 
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
         try:
