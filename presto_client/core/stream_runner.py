@@ -442,7 +442,7 @@ class StreamRunner(StreamBase):
             if cut <= head.cut:
                 continue  # the accept leaves its prefix as it is: the window's to issue
             if not self._ready(cut, partial.length):
-                break  # nor the later ones' (PowerMH's cuts do not move; a guess otherwise)
+                continue  # its prefix is not in yet: a later chunk may bring it
             if survival < SURVIVAL_FLOOR:
                 continue
             if self.window is not None and 1 + len(window) + len(branch) >= self.window:
