@@ -19,6 +19,7 @@ suffix's mean while few are in), and a normal spread for what is not seen yet.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from presto_client.core.engine_protocol import FloatArray, ScoredTokens
 from presto_client.core.kernels import Kernel, MultiTryMH
 from presto_client.core.rng import TransitionDraws
 from presto_client.core.state import ChainState
+from presto_client.core.stream_flight import InFlight
 
 PRIOR_TOKENS = 16.0
 """Weight, in tokens, of the current suffix's per-token mean in the proposal's estimated mean."""
@@ -114,3 +116,14 @@ class AcceptPredictor:
         log_rest = float(np.logaddexp.reduce(np.append(rest, 0.0)))
         log_ratio = min(0.0, log_total - log_rest)
         return _normal_above(log_ratio - log_u, float(scale[selected])), selected
+
+
+@dataclass(slots=True, eq=False)
+class Watch:
+    """A proposal in flight, its accept predictor and how many chunks of each sequence it has
+    been fed (rebuilt when the stream restarts: ``attempts``)."""
+
+    flight: InFlight
+    attempts: int
+    predictor: AcceptPredictor
+    fed: list[int] = field(default_factory=list)

@@ -57,7 +57,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from presto_client.core.accept_branch import AcceptPredictor
+from presto_client.core.accept_branch import AcceptPredictor, Watch
 from presto_client.core.chain_runner import ChainResult, RoundCallback
 from presto_client.core.engine_protocol import Engine
 from presto_client.core.kernels import RejectionBound, Verdict
@@ -81,6 +81,10 @@ BRANCH_DROP = 0.5
 """The accept branch is closed once the head's predicted accept falls below this fraction of
 :data:`SURVIVAL_FLOOR` (under the floor itself nothing new is issued: a margin against closing
 and re-issuing on every chunk)."""
+BRANCH_WATCH = 4
+"""Besides the head, the next proposals of the window whose accept branches are speculated."""
+BRANCH_SPAN = 24
+"""An accept branch holds proposals of at most this many transitions after its own."""
 ACCEPT_PRIOR = (1.2, 4.0)
 """Prior of the acceptance rate (pseudo accepts, pseudo transitions) before the chain has its
 own: 0.3."""
@@ -118,6 +122,10 @@ class StreamRunner(StreamBase):
         self._open_transitions = 0
         self._open_accepts = 0
         self._open_wall = 0.0
+        self._branches: dict[int, tuple[InFlight, dict[int, InFlight]]] = {}
+        """Accept branches by the transition whose accept they assume: its proposal, and the
+        proposals of later transitions issued from the state that accept would make."""
+        self._watches: dict[int, Watch] = {}
         self.branch_issued = 0
         """Accept-branch proposals issued, and those the walk kept (their head accepted)."""
         self.branch_kept = 0
@@ -289,9 +297,11 @@ class StreamRunner(StreamBase):
                 window[head.k] = head
             if m < steps:  # stopped early: the next block will not come
                 self._drop_next(None)
+            branched = bool(self._branches)
+            self._close_branches(None)
             for flight in window.values():
                 self._close(flight)
-            if window:
+            if window or branched:
                 await self._drain()
             self._flush(block)
         return state, steps - start_k
@@ -334,32 +344,26 @@ class StreamRunner(StreamBase):
     async def _transition(
         self, state: ChainState, flight: InFlight, block: int, window: dict[int, InFlight]
     ) -> ChainState:
-        branch: dict[int, InFlight] = {}
-        """The accept branch: proposals issued from the state ``flight``'s accept would make."""
-        try:
-            verdict, waited = await self._await_decision(state, flight, block, window, branch)
-            if verdict is not None:  # early rejection: close the rest of the proposal
-                saved = self._close(flight)
-                self.stats.early_rejects += 1
-                self.stats.tokens_saved_early += saved
-                self._record_decision(verdict, flight.cut, block, flight.k, False)
-            else:
-                self.stats.tokens_generated += flight.tokens
-                self._tokens_since += flight.tokens
-                proposals = [join_chunks(c) for c in flight.chunks]
-                verdict = await self._decide(
-                    state, flight.cut, proposals, flight.draws, block, flight.k
-                )
-                if verdict.accepted:
-                    state = self.kernel.accept(state, flight.cut, proposals, verdict)
-                    for j in [j for j, other in window.items() if not self._usable(other, state)]:
-                        self._close(window.pop(j))
-                        self.stats.requests_cancelled += 1
-                    self._drop_next(state)
-            self._settle_branch(window, branch, state)
-        finally:
-            for other in branch.values():  # the walk stopped before the decision
-                self._close(other)
+        verdict, waited = await self._await_decision(state, flight, block, window)
+        if verdict is not None:  # early rejection: close the rest of the proposal
+            saved = self._close(flight)
+            self.stats.early_rejects += 1
+            self.stats.tokens_saved_early += saved
+            self._record_decision(verdict, flight.cut, block, flight.k, False)
+        else:
+            self.stats.tokens_generated += flight.tokens
+            self._tokens_since += flight.tokens
+            proposals = [join_chunks(c) for c in flight.chunks]
+            verdict = await self._decide(
+                state, flight.cut, proposals, flight.draws, block, flight.k
+            )
+            if verdict.accepted:
+                state = self.kernel.accept(state, flight.cut, proposals, verdict)
+                for j in [j for j, other in window.items() if not self._usable(other, state)]:
+                    self._close(window.pop(j))
+                    self.stats.requests_cancelled += 1
+                self._drop_next(state)
+        self._settle_branch(window, state, flight, verdict.accepted)
         self.stats.requests_used += 1
         if waited is not None:  # a wait on the engine opens a new call record
             self._flush(block)
@@ -376,12 +380,28 @@ class StreamRunner(StreamBase):
         said."""
         return self._usable(flight, state)
 
+    def _close_branches(self, keep: dict[int, InFlight] | None) -> None:
+        """Close the accept branches whose proposal is no longer ``keep``'s (``None``: all)."""
+        for t in list(self._branches):
+            base, branch = self._branches[t]
+            if keep is None or keep.get(t) is not base:
+                for flight in branch.values():
+                    self._close(flight)
+                    self.stats.requests_cancelled += 1
+                del self._branches[t]
+        if keep is None:
+            self._watches.clear()
+
     def _settle_branch(
-        self, window: dict[int, InFlight], branch: dict[int, InFlight], state: ChainState
+        self, window: dict[int, InFlight], state: ChainState, head: InFlight, accepted: bool
     ) -> None:
-        """The head is decided: an accept-branch proposal replaces the window's at its
+        """The head is decided: one of its accept-branch proposals replaces the window's at its
         transition if that one is gone or no longer usable and it is usable itself (the head
-        accepted with the tokens it was issued after); every other one is closed."""
+        accepted with the tokens it was issued after); every other one is closed. After an
+        accept, the other proposals' branches go with them if they were closed, and every
+        prediction is made afresh (the state they were made against has changed)."""
+        _, branch = self._branches.pop(head.k, (head, {}))
+        self._watches.pop(head.k, None)
         for j, flight in branch.items():
             current = window.get(j)
             if (current is None or not self._usable(current, state)) and self._branch_usable(
@@ -395,24 +415,66 @@ class StreamRunner(StreamBase):
             else:
                 self._close(flight)
                 self.stats.requests_cancelled += 1
-        branch.clear()
+        if accepted:
+            self._close_branches(window)
+            self._watches.clear()
+
+    def _scan(
+        self, state: ChainState, head: InFlight, window: dict[int, InFlight], block: int
+    ) -> None:
+        """Feed the head's and the next proposals' new tokens to their accept predictors, and
+        speculate each one's accept branch (the others' assume the transitions before them
+        reject, which their branches' survival counts)."""
+        rate = self._accept_rate()
+        prior = 1.0
+        limit = self.window
+        threats: list[int] = []
+        for t in range(head.k, head.k + 1 + BRANCH_WATCH):
+            flight = head if t == head.k else window.get(t)
+            if flight is None:
+                continue
+            watch = self._watches.get(t)
+            if watch is None or watch.flight is not flight or watch.attempts != flight.attempts:
+                predictor = AcceptPredictor(self.kernel, state, flight.cut, flight.draws)
+                watch = self._watches[t] = Watch(flight, flight.attempts, predictor)
+                watch.fed = [0] * len(flight.requests)
+            news = False
+            for i, chunks in enumerate(flight.chunks):
+                while watch.fed[i] < len(chunks):
+                    watch.predictor.feed(i, chunks[watch.fed[i]])
+                    watch.fed[i] += 1
+                    news = True
+            if news and not (flight.complete and t == head.k):
+                prior_t = prior * (1.0 - rate) ** sum(1 for c in threats if c < flight.cut)
+                self._speculate_branch(
+                    state, flight, watch.predictor, window, block, prior_t, limit
+                )
+            threats.append(flight.cut)
 
     def _speculate_branch(
         self,
         state: ChainState,
-        head: InFlight,
+        base: InFlight,
         predictor: AcceptPredictor,
         window: dict[int, InFlight],
-        branch: dict[int, InFlight],
         block: int,
+        prior: float,
+        limit: int | None,
     ) -> None:
-        """Issue, from the state the head's accept would make (its prefix, then the tokens of
+        """Issue, from the state ``base``'s accept would make (its prefix, then the tokens of
         the candidate it would splice received so far), the proposals of the transitions after
-        it whose cut lies past the head's cut and inside those tokens, while the head is likely
-        enough to accept (and the proposal to survive the transitions between). Those already
-        issued stay until the decision; all are closed when the head has become unlikely to
-        accept, or when the candidate it would splice changes."""
+        it whose cut lies past ``base``'s and inside those tokens, while that accept is likely
+        enough (``prior``: that ``base`` is still usable at its turn) and each proposal to
+        survive the transitions between; all in flight stay under ``limit`` (the cap, if
+        any). Those already issued stay until ``base`` is decided;
+        all are closed when its accept has become unlikely, or the candidate changes."""
         probability, candidate = predictor.predict()
+        probability *= prior
+        entry = self._branches.get(base.k)
+        if entry is not None and entry[0] is not base:  # left from a proposal since replaced
+            self._close_branches({t: e[0] for t, e in self._branches.items() if t != base.k})
+            entry = None
+        branch = entry[1] if entry is not None else {}
         if branch and (
             probability < BRANCH_DROP * SURVIVAL_FLOOR
             or any(flight.candidate != candidate for flight in branch.values())
@@ -421,15 +483,16 @@ class StreamRunner(StreamBase):
                 self._close(flight)
                 self.stats.requests_cancelled += 1
             branch.clear()
-        if probability < SURVIVAL_FLOOR or not head.chunks[candidate]:
+        if probability < SURVIVAL_FLOOR or not base.chunks[candidate]:
             return
-        received = join_chunks(head.chunks[candidate])
-        partial = state.with_response(state.response.slice(0, head.cut).concat(received))
+        received = join_chunks(base.chunks[candidate])
+        partial = state.with_response(state.response.slice(0, base.cut).concat(received))
         length = state.length
         steps = self.config.steps_per_block
         per = self.kernel.sequences_per_proposal
         threats: list[int] = []
-        for j in range(head.k + 1, self._last(head.k, steps)):
+        last = min(self._last(base.k, steps), base.k + 1 + BRANCH_SPAN)
+        for j in range(base.k + 1, last):
             flight = branch.get(j)
             if flight is not None:
                 threats.append(flight.cut)
@@ -439,13 +502,13 @@ class StreamRunner(StreamBase):
             )
             survival = probability * self._survival(threats, cut)
             threats.append(cut)
-            if cut <= head.cut:
+            if cut <= base.cut:
                 continue  # the accept leaves its prefix as it is: the window's to issue
             if not self._ready(cut, partial.length):
                 continue  # its prefix is not in yet: a later chunk may bring it
             if survival < SURVIVAL_FLOOR:
                 continue
-            if self.window is not None and 1 + len(window) + len(branch) >= self.window:
+            if limit is not None and self._in_flight(window) >= limit:
                 break
             if not self.budget.try_acquire(per):
                 break
@@ -453,6 +516,12 @@ class StreamRunner(StreamBase):
             flight.candidate = candidate
             branch[j] = flight
             self.branch_issued += 1
+        if branch:
+            self._branches[base.k] = (base, branch)
+
+    def _in_flight(self, window: dict[int, InFlight]) -> int:
+        """Proposals in flight: the head, the window's and every accept branch's."""
+        return 1 + len(window) + sum(len(b) for _, b in self._branches.values())
 
     def _flush(self, block: int) -> None:
         """Record the open call: one wait of the walk and the transitions decided after it
@@ -478,50 +547,37 @@ class StreamRunner(StreamBase):
         self._open_wall = 0.0
 
     async def _await_decision(
-        self,
-        state: ChainState,
-        flight: InFlight,
-        block: int,
-        window: dict[int, InFlight],
-        branch: dict[int, InFlight],
+        self, state: ChainState, flight: InFlight, block: int, window: dict[int, InFlight]
     ) -> tuple[Verdict | None, float | None]:
-        """Wait until ``flight`` is complete or certainly rejected, speculating its accept
-        branch into ``branch`` meanwhile.
+        """Wait until ``flight`` is complete or certainly rejected, speculating accept branches
+        meanwhile (:meth:`_scan`).
 
         Returns the early rejection's verdict (``None`` when the proposal completed) and the time
         the walk waited (``None`` when it did not wait at all).
         """
         bound: RejectionBound | None = None
-        predictor: AcceptPredictor | None = None
         fed: list[int] = []
         attempts = -1
         waited: float | None = None
         while True:
             if flight.error is not None:
                 raise flight.error
-            if not flight.complete:
+            if self.early_rejection and not flight.complete:
                 if attempts != flight.attempts:  # first look, or a stream restarted: rebuild
                     attempts = flight.attempts
-                    if self.early_rejection:
-                        bound = self.kernel.rejection_bound(state, flight.cut, flight.draws)
-                    if self.accept_branch:
-                        predictor = AcceptPredictor(self.kernel, state, flight.cut, flight.draws)
+                    bound = self.kernel.rejection_bound(state, flight.cut, flight.draws)
                     fed = [0] * len(flight.requests)
-                news = False
-                for i, chunks in enumerate(flight.chunks):
-                    while fed[i] < len(chunks):
-                        if bound is not None:
+                if bound is not None:
+                    for i, chunks in enumerate(flight.chunks):
+                        while fed[i] < len(chunks):
                             bound.feed(i, chunks[fed[i]])
-                        if predictor is not None:
-                            predictor.feed(i, chunks[fed[i]])
-                        fed[i] += 1
-                        news = True
-                if bound is not None and bound.rejects():
-                    return bound.verdict(), waited
-                if predictor is not None and news:
-                    self._speculate_branch(state, flight, predictor, window, branch, block)
+                            fed[i] += 1
+                    if bound.rejects():
+                        return bound.verdict(), waited
             if flight.complete:
                 return None, waited
+            if self.accept_branch:
+                self._scan(state, flight, window, block)
             flight.changed.clear()
             started = time.perf_counter()
             await flight.changed.wait()

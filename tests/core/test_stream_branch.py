@@ -107,7 +107,7 @@ async def test_the_accept_branch_replays_the_sequential_chain(sampler: str) -> N
 async def test_the_accept_branch_replays_with_a_cap_and_no_overlap(
     sampler: str, top_k: int | None
 ) -> None:
-    out = await _replays(sampler, range(3), break_probability=0.0, top_k=top_k, window=6)
+    out = await _replays(sampler, range(3), break_probability=0.0, top_k=top_k, window=12)
     assert out.same and out.issued > 0
     out = await _replays(sampler, range(3), break_probability=0.0, top_k=top_k, overlap=False)
     assert out.same and out.issued > 0
