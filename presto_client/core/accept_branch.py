@@ -54,16 +54,29 @@ class AcceptPredictor:
     probability that the transition accepts and the sequence it would splice in.
     """
 
-    def __init__(self, kernel: Kernel, state: ChainState, cut: int, draws: TransitionDraws):
+    def __init__(
+        self,
+        kernel: Kernel,
+        state: ChainState,
+        cut: int,
+        draws: TransitionDraws,
+        length: int | None = None,
+    ):
+        """``length``: the response's length once complete, if ``state`` holds only its first
+        tokens (a block's extension streaming in): the current suffix's unseen tokens are then
+        extrapolated by its mean, as the proposal's are."""
         x = state.response.slice(cut)
         self._alpha = kernel.alpha
-        self._length = len(x)
+        self._length = (state.length if length is None else length) - cut
         q = _mid(x)
-        self._x_logp0 = float(x.logp0.sum())
-        self._x_logq = q.sum(axis=0)
         terms = kernel.alpha * x.logp0 - q[:, 0]
-        self._x_mean = float(terms.mean()) if len(terms) else 0.0
-        self._spread = float(terms.std()) * math.sqrt(2.0) if len(terms) > 1 else 0.0
+        unseen = self._length - len(x)
+        scale = (self._length / len(x)) if len(x) else 0.0
+        self._x_logp0 = float(x.logp0.sum()) * scale
+        self._x_logq = q.sum(axis=0) * scale
+        std = float(terms.std()) if len(terms) > 1 else 0.0
+        self._x_unseen = std * math.sqrt(unseen)
+        self._spread = std * math.sqrt(2.0)
         per = kernel.sequences_per_proposal
         temperatures = q.shape[1]
         self._logp0 = np.zeros(per)
@@ -93,7 +106,7 @@ class AcceptPredictor:
         logp0 = self._logp0 + rest * mean_logp0
         logq = self._logq + rest[:, None] * mean_logq
         scale = self._spread * (np.sqrt(rest) + rest / np.sqrt(weight))
-        return logp0, logq, scale
+        return logp0, logq, np.sqrt(scale**2 + self._x_unseen**2)
 
     def predict(self) -> tuple[float, int]:
         logp0, logq, scale = self._extrapolated()
