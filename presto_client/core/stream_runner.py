@@ -94,19 +94,23 @@ class StreamRunner(StreamBranches):
         budget: SpeculationBudget | None = None,
         early_rejection: bool = True,
         overlap: bool = True,
-        accept_branch: bool = True,
+        accept_branch: bool | None = None,
     ) -> None:
         """``window``: the most proposals in flight (the walk's own included); ``None``: as many
         as the budget allows, up to every remaining transition. ``overlap``: issue proposals
-        while the block's extension streams in. ``accept_branch``: while the head streams,
-        issue the proposals the walk needs if the head accepts, when it likely will."""
+        while the block's extension streams in. ``accept_branch``: while proposals stream,
+        issue the ones the walk needs if they accept, when they likely will; ``None``: unless
+        the cut law depends on the state (EntropyCut: such proposals are at guessed cuts, which
+        seldom hold, and measured slower)."""
         super().__init__(engine, sampler, seed, on_round, budget)
         if window is not None and window < 1:
             raise ValueError("window must be >= 1 (or None: no cap)")
         self.window = window
         self.early_rejection = early_rejection
         self.overlap = overlap
-        self.accept_branch = accept_branch
+        self.accept_branch = (
+            not self.kernel.state_dependent_cut if accept_branch is None else accept_branch
+        )
         self._next: tuple[Streamed, np.ndarray] | None = None
         """The next block's extension, speculated from the state whose response it follows."""
         self._open_transitions = 0

@@ -232,3 +232,40 @@ async def test_the_predictor_is_unsure_early_and_sure_late() -> None:
         predictor.feed(0, proposal)
         late, _ = predictor.predict()
         assert not math.isnan(late) and late in (0.0, 1.0)
+
+
+async def test_the_predictor_of_a_partial_state_extrapolates_the_current_suffix() -> None:
+    """While the block's extension streams, the current suffix is known only in part: the
+    prediction made from its first tokens (``length`` the whole) is unsure, and the one from
+    the whole state is the full predictor's."""
+    model = ReferenceModel(10, seed=3)
+    kernel = make_kernel(SamplerConfig(block_size=40))
+    engine = ReferenceEngine(model)
+    randomness = ChainRandomness(2)
+    (response,) = await engine.generate([kernel.extension_request((2,), 5)])
+    state = ChainState((2,), response)
+    for k in range(10):
+        draws = randomness.transition(0, k)
+        cut = min(kernel.cut(state, draws.u_cut), 30)
+        (proposal,) = await engine.generate(
+            kernel.requests(state.prefix(cut), state.length - cut, draws)
+        )
+        partial = ChainState((2,), response.slice(0, cut + 5))
+        early = AcceptPredictor(kernel, partial, cut, draws, state.length)
+        whole = AcceptPredictor(kernel, state, cut, draws, state.length)
+        plain = AcceptPredictor(kernel, state, cut, draws)
+        for predictor in (early, whole, plain):
+            predictor.feed(0, proposal.slice(0, 5))
+        assert 0.0 < early.predict()[0] < 1.0
+        assert whole.predict() == plain.predict()
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_the_accept_branch_is_on_by_default_unless_the_cut_law_depends_on_the_state(
+    sampler: str,
+) -> None:
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(sampler=sampler, block_size=10)
+    runner = StreamRunner(ReferenceEngine(model), config, 0, None)
+    assert runner.accept_branch == (sampler != "entropy_cut")
+    assert StreamRunner(ReferenceEngine(model), config, 0, None, accept_branch=True).accept_branch
