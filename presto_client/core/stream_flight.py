@@ -78,3 +78,6 @@ class InFlight(Streamed):
     cut: int = field(kw_only=True)
     response_prefix: np.ndarray = field(kw_only=True)
     """The response tokens before the cut that the proposal was requested after."""
+    candidate: int = field(default=-1, kw_only=True)
+    """An accept-branch proposal: the head's sequence whose tokens follow the head's cut in its
+    prefix (``-1``: issued from a realised state)."""

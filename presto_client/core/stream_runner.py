@@ -32,6 +32,17 @@ catches), and the draws are the transition's, so it is the request the sequentia
 (for EntropyCut the cut is a guess from the received entropies, used only if the realised state
 draws it). Decisions still wait for the whole extension: ``log A`` needs the state's suffix.
 
+So is the head's accept branch. While the head's proposal (cut ``c``) streams in, the state its
+accept would make is the head's prefix followed by the tokens received so far; a later
+transition whose cut lies past ``c`` and inside them can have its proposal issued from that
+state (the draws are the transition's: it is the request the sequential chain makes if the head
+accepts). Most heads reject, so this is done only while the head is likely to accept
+(:class:`~presto_client.core.accept_branch.AcceptPredictor`, from its partial ``log A`` and the
+transition's known uniform) and the engine's budget allows. Once the head is decided, an
+accept-branch proposal is kept iff it passes the same check as every proposal against the
+decided state (after a reject its prefix holds the head's tokens, so it is closed); the
+predictor only decides what is issued.
+
 Statistics: a *call* of this traversal is a wait of the walk on the engine together with the
 transitions decided after it without waiting (one ``stream`` record each; ``call_wall_s`` is the
 time the walk spent waiting), so ``transitions_per_call`` counts transitions per wait, as for the
@@ -40,44 +51,36 @@ round-based rules.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ProposalRequest
+from presto_client.core.accept_branch import Watch
+from presto_client.core.chain_runner import ChainResult, RoundCallback
+from presto_client.core.engine_protocol import Engine
 from presto_client.core.kernels import RejectionBound, Verdict
-from presto_client.core.rng import TransitionDraws
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
+from presto_client.core.stream_base import HEAD, SPECULATIVE, STREAM_RETRIES
+from presto_client.core.stream_branches import ACCEPT_PRIOR, SURVIVAL_FLOOR, StreamBranches
 from presto_client.core.stream_flight import InFlight, Streamed, join_chunks
-from presto_client.errors import EngineError, InvalidResponseError
 
 logger = logging.getLogger(__name__)
 
-STREAM_RETRIES = 2
-"""A broken stream (connection lost midway) is re-requested this many times (same seed)."""
-
-HEAD = "head"
-SPECULATIVE = "speculative"
-
-SURVIVAL_FLOOR = 0.1
-"""A speculative proposal is issued only while it is this likely to be usable at its turn
-(no earlier transition of the window accepts at a smaller cut, by the chain's acceptance rate so
-far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite
-wait until the walk is nearer. Speed only: which proposals are in flight never changes the
-chain."""
-ACCEPT_PRIOR = (1.2, 4.0)
-"""Prior of the acceptance rate (pseudo accepts, pseudo transitions) before the chain has its
-own: 0.3."""
+__all__ = [
+    "ACCEPT_PRIOR",
+    "HEAD",
+    "SPECULATIVE",
+    "STREAM_RETRIES",
+    "SURVIVAL_FLOOR",
+    "StreamRunner",
+]
 
 
-class StreamRunner(ChainRunner):
+class StreamRunner(StreamBranches):
     """PreSTO with a streaming window of in-flight proposals (see the module doc)."""
 
     def __init__(
@@ -91,203 +94,44 @@ class StreamRunner(ChainRunner):
         budget: SpeculationBudget | None = None,
         early_rejection: bool = True,
         overlap: bool = True,
+        accept_branch: bool | None = None,
     ) -> None:
         """``window``: the most proposals in flight (the walk's own included); ``None``: as many
         as the budget allows, up to every remaining transition. ``overlap``: issue proposals
-        while the block's extension streams in."""
-        super().__init__(engine, sampler, seed, on_round)
+        while the block's extension streams in. ``accept_branch``: while proposals stream,
+        issue the ones the walk needs if they accept, when they likely will; ``None``: unless
+        the cut law depends on the state (EntropyCut: such proposals are at guessed cuts, which
+        seldom hold, and measured slower)."""
+        super().__init__(engine, sampler, seed, on_round, budget)
         if window is not None and window < 1:
             raise ValueError("window must be >= 1 (or None: no cap)")
         self.window = window
-        self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
         self.early_rejection = early_rejection
         self.overlap = overlap
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._draws: dict[tuple[int, int], TransitionDraws] = {}
+        self.accept_branch = (
+            not self.kernel.state_dependent_cut if accept_branch is None else accept_branch
+        )
         self._next: tuple[Streamed, np.ndarray] | None = None
         """The next block's extension, speculated from the state whose response it follows."""
-        self._issued_since = 0
-        self._sequences_since = 0
-        self._tokens_since = 0
         self._open_transitions = 0
         self._open_accepts = 0
         self._open_wall = 0.0
-
-    # ---- issuing and cancelling
-
-    def _transition_draws(self, block: int, k: int) -> TransitionDraws:
-        """Transition ``k``'s draws, computed once (the overlap asks for them per chunk)."""
-        key = (block, k)
-        draws = self._draws.get(key)
-        if draws is None:
-            if self._draws and next(iter(self._draws))[0] != block:
-                self._draws.clear()  # a new block: the previous one's draws are done with
-            draws = self._draws[key] = self.randomness.transition(block, k)
-        return draws
-
-    def _start(self, flight: Streamed) -> None:
-        n = len(flight.requests)
-        flight.chunks = [[] for _ in range(n)]
-        flight.received = [0] * n
-        flight.finished = [False] * n
-        flight.active = [True] * n
-        if flight.role == HEAD:
-            self.budget.add_head(n)
-        for i in range(n):
-            task = asyncio.create_task(self._consume(flight, i))
-            flight.tasks.append(task)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def _issue(
-        self,
-        state: ChainState,
-        block: int,
-        k: int,
-        role: str,
-        *,
-        cut: int | None = None,
-        length: int | None = None,
-    ) -> InFlight:
-        """Transition ``k``'s proposal from ``state`` (the cut the kernel draws on it, unless
-        given; ``length``: the response's length once complete, if ``state`` is a prefix)."""
-        draws = self._transition_draws(block, k)
-        if cut is None:
-            cut = self.kernel.cut(state, draws.u_cut)
-        length = state.length if length is None else length
-        requests = self.kernel.requests(state.prefix(cut), length - cut, draws)
-        flight = InFlight(
-            k,
-            requests,
-            role,
-            draws=draws,
-            cut=cut,
-            response_prefix=state.response.token_ids[:cut].copy(),
-        )
-        self._start(flight)
-        n = len(requests)
-        self.stats.requests_issued += 1
-        self.stats.sequences_issued += n
-        self._issued_since += 1
-        self._sequences_since += n
-        return flight
-
-    def _leave(self, flight: Streamed, index: int) -> None:
-        """Sequence ``index`` no longer runs on the engine: give its slot back."""
-        if not flight.active[index]:
-            return
-        flight.active[index] = False
-        if flight.role == HEAD:
-            self.budget.remove_head(1)
-        else:
-            self.budget.release(1)
-
-    def _promote(self, flight: InFlight) -> None:
-        """A speculative proposal becomes the head: its running sequences move budgets."""
-        if flight.role == HEAD:
-            return
-        running = sum(flight.active)
-        self.budget.release(running)
-        self.budget.add_head(running)
-        flight.role = HEAD
-
-    def _close(self, flight: Streamed) -> int:
-        """Close every stream of ``flight`` (the server aborts them); tokens not generated.
-
-        Closing twice is a no-op (the walk's cleanup closes whatever is still open)."""
-        if flight.closed:
-            return 0
-        flight.closed = True
-        for task in flight.tasks:
-            task.cancel()
-        for i in range(len(flight.requests)):
-            self._leave(flight, i)
-        self.stats.tokens_generated += flight.tokens
-        self._tokens_since += flight.tokens
-        return sum(r.num_tokens for r in flight.requests) - flight.tokens
-
-    async def _consume(self, flight: Streamed, index: int) -> None:
-        """Stream sequence ``index`` into ``flight``; errors are kept for the walk to raise."""
-        request = flight.requests[index]
-        retries = 0
-        try:
-            while True:
-                try:
-                    await self._stream_once(flight, index, request)
-                    return
-                except EngineError as exc:
-                    if not exc.retryable or retries >= STREAM_RETRIES:
-                        raise
-                    retries += 1
-                    logger.info(
-                        "[%s] %s: stream broke after %d tokens (%s); retry %d/%d",
-                        self.engine.name,
-                        flight.what,
-                        flight.received[index],
-                        exc,
-                        retries,
-                        STREAM_RETRIES,
-                    )
-                    # A fresh sample replaces the broken one: whether a stream breaks does not
-                    # depend on its tokens, so the kernel is unchanged.
-                    flight.chunks[index] = []
-                    flight.received[index] = 0
-                    flight.attempts += 1
-                    flight.changed.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # handed to the walk, which raises it if it needs this proposal
-            flight.error = exc
-            flight.changed.set()
-        finally:
-            self._leave(flight, index)
-
-    async def _stream_once(self, flight: Streamed, index: int, request: ProposalRequest) -> None:
-        budget = self.budget
-        previous: float | None = None
-        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                n = len(chunk)
-                if n == 0:
-                    continue
-                now = time.perf_counter()
-                if previous is not None:  # the first chunk carries queueing and prefill
-                    budget.observe(n, now - previous, budget.in_flight)
-                previous = now
-                flight.chunks[index].append(chunk)
-                flight.received[index] += n
-                flight.changed.set()
-        if flight.received[index] != request.num_tokens:
-            raise InvalidResponseError(
-                f"{flight.what}: asked for {request.num_tokens} tokens, the stream "
-                f"delivered {flight.received[index]}",
-                engine=self.engine.name,
-            )
-        flight.finished[index] = True
-        flight.changed.set()
-
-    # ---- usability
-
-    def _usable(self, flight: InFlight, state: ChainState) -> bool:
-        """Whether ``flight`` is the request the sequential chain would make from ``state``."""
-        current = state.response.token_ids[: flight.cut]
-        if not np.array_equal(current, flight.response_prefix):
-            return False
-        if self.kernel.state_dependent_cut:
-            return self.kernel.cut(state, flight.draws.u_cut) == flight.cut
-        return True
+        self._branches: dict[int, tuple[InFlight, dict[int, InFlight]]] = {}
+        """Accept branches by the transition whose accept they assume: its proposal, and the
+        proposals of later transitions issued from the state that accept would make."""
+        self._watches: dict[int, Watch] = {}
+        self.branch_issued = 0
+        """Accept-branch proposals issued, and those the walk kept (their head accepted)."""
+        self.branch_kept = 0
 
     # ---- the walk
-
-    def _last(self, m: int, steps: int) -> int:
-        """One past the last transition the window may hold while the walk waits at ``m``."""
-        return steps if self.window is None else min(m + self.window, steps)
 
     async def _run_block(self, state: ChainState, block: int) -> ChainState:
         window: dict[int, InFlight] = {}
         try:
             state = await self._stream_extension(state, block, window)
         except BaseException:
+            self._close_branches(None)
             for flight in window.values():
                 self._close(flight)
             await self._drain()
@@ -319,6 +163,9 @@ class StreamRunner(ChainRunner):
                 if self.overlap and mark != seen and extension.received[0] > 0:
                     seen = mark
                     self._issue_early(window, state, extension, length, block)
+                    if self.accept_branch:
+                        partial = state.extend(join_chunks(extension.chunks[0]))
+                        self._scan(partial, None, 0, window, block, length)
                 extension.changed.clear()
                 await extension.changed.wait()
         except BaseException:
@@ -328,6 +175,8 @@ class StreamRunner(ChainRunner):
         self._record_extension(block, tokens, time.perf_counter() - started)
         state = state.extend(tokens)
         self._confirm(window, state)
+        self._close_branches(window)  # those of proposals the whole extension did not confirm
+        self._watches.clear()  # predicted against a part of the state
         return state
 
     def _extension_usable(self, issued_after: np.ndarray, state: ChainState) -> bool:
@@ -378,11 +227,6 @@ class StreamRunner(ChainRunner):
         for j in [j for j, other in window.items() if not self._usable(other, state)]:
             self._close(window.pop(j))
             self.stats.requests_cancelled += 1
-
-    def _ready(self, cut: int, received: int) -> bool:
-        """Whether a proposal at ``cut`` can be requested with ``received`` response tokens in:
-        its prefix (the tokens before the cut) must all be there."""
-        return cut <= received
 
     def _issue_early(
         self,
@@ -444,24 +288,14 @@ class StreamRunner(ChainRunner):
                 window[head.k] = head
             if m < steps:  # stopped early: the next block will not come
                 self._drop_next(None)
+            branched = bool(self._branches)
+            self._close_branches(None)
             for flight in window.values():
                 self._close(flight)
-            if window:
+            if window or branched:
                 await self._drain()
             self._flush(block)
         return state, steps - start_k
-
-    def _survival(self, threats: list[int], cut: int) -> float:
-        """How likely a proposal at ``cut`` is still usable once the transitions before it, at
-        ``threats`` (their cuts), are decided: each accepts with the chain's rate so far, and
-        one that accepts at a smaller cut rewrites the prefix. (For EntropyCut an accept at a
-        larger cut may still move the cut; not counted: an estimate for sizing, never a check.)
-        """
-        return float((1.0 - self._accept_rate()) ** sum(1 for c in threats if c < cut))
-
-    def _accept_rate(self) -> float:
-        pseudo_accepts, pseudo_transitions = ACCEPT_PRIOR
-        return (self.stats.accepts + pseudo_accepts) / (self.stats.transitions + pseudo_transitions)
 
     def _refill(
         self, window: dict[int, InFlight], state: ChainState, block: int, m: int, steps: int
@@ -489,7 +323,7 @@ class StreamRunner(ChainRunner):
     async def _transition(
         self, state: ChainState, flight: InFlight, block: int, window: dict[int, InFlight]
     ) -> ChainState:
-        verdict, waited = await self._await_decision(state, flight, block)
+        verdict, waited = await self._await_decision(state, flight, block, window)
         if verdict is not None:  # early rejection: close the rest of the proposal
             saved = self._close(flight)
             self.stats.early_rejects += 1
@@ -508,6 +342,7 @@ class StreamRunner(ChainRunner):
                     self._close(window.pop(j))
                     self.stats.requests_cancelled += 1
                 self._drop_next(state)
+        self._settle_branch(window, state, flight, verdict.accepted)
         self.stats.requests_used += 1
         if waited is not None:  # a wait on the engine opens a new call record
             self._flush(block)
@@ -540,9 +375,10 @@ class StreamRunner(ChainRunner):
         self._open_wall = 0.0
 
     async def _await_decision(
-        self, state: ChainState, flight: InFlight, block: int
+        self, state: ChainState, flight: InFlight, block: int, window: dict[int, InFlight]
     ) -> tuple[Verdict | None, float | None]:
-        """Wait until ``flight`` is complete or certainly rejected.
+        """Wait until ``flight`` is complete or certainly rejected, speculating accept branches
+        meanwhile (:meth:`_scan`).
 
         Returns the early rejection's verdict (``None`` when the proposal completed) and the time
         the walk waited (``None`` when it did not wait at all).
@@ -568,16 +404,12 @@ class StreamRunner(ChainRunner):
                         return bound.verdict(), waited
             if flight.complete:
                 return None, waited
+            if self.accept_branch:
+                self._scan(state, flight, flight.k, window, block, state.length)
             flight.changed.clear()
             started = time.perf_counter()
             await flight.changed.wait()
             waited = (waited or 0.0) + time.perf_counter() - started
-
-    async def _drain(self) -> None:
-        """Wait for closed streams to finish closing (their HTTP connections released)."""
-        pending = list(self._tasks)
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
 
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
         try:

@@ -1,0 +1,224 @@
+"""The ``stream`` traversal's plumbing: proposals issued as streams, consumed into their
+:class:`~presto_client.core.stream_flight.Streamed` records, closed, and the engine's shared
+budget kept in step with the sequences that hold a batch slot.
+
+:class:`StreamBase` holds no policy: which proposals go out, and when, is the walk's
+(:mod:`presto_client.core.stream_runner`); whether one is usable is the check here, the same for
+every proposal whatever state it was issued from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import numpy as np
+
+from presto_client.core.chain_runner import ChainRunner, RoundCallback
+from presto_client.core.engine_protocol import Engine, ProposalRequest
+from presto_client.core.rng import TransitionDraws
+from presto_client.core.settings import SamplerConfig
+from presto_client.core.speculation import SpeculationBudget
+from presto_client.core.state import ChainState
+from presto_client.core.stream_flight import InFlight, Streamed
+from presto_client.errors import EngineError, InvalidResponseError
+
+logger = logging.getLogger(__name__)
+
+STREAM_RETRIES = 2
+"""A broken stream (connection lost midway) is re-requested this many times (same seed)."""
+
+HEAD = "head"
+SPECULATIVE = "speculative"
+
+
+class StreamBase(ChainRunner):
+    """Issues, streams and closes one chain's proposals (see the module doc)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sampler: SamplerConfig,
+        seed: int,
+        on_round: RoundCallback | None,
+        budget: SpeculationBudget | None,
+    ) -> None:
+        super().__init__(engine, sampler, seed, on_round)
+        self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._draws: dict[tuple[int, int], TransitionDraws] = {}
+        self._issued_since = 0
+        self._sequences_since = 0
+        self._tokens_since = 0
+
+    # ---- issuing and cancelling
+
+    def _transition_draws(self, block: int, k: int) -> TransitionDraws:
+        """Transition ``k``'s draws, computed once (the overlap asks for them per chunk)."""
+        key = (block, k)
+        draws = self._draws.get(key)
+        if draws is None:
+            if self._draws and next(iter(self._draws))[0] != block:
+                self._draws.clear()  # a new block: the previous one's draws are done with
+            draws = self._draws[key] = self.randomness.transition(block, k)
+        return draws
+
+    def _start(self, flight: Streamed) -> None:
+        n = len(flight.requests)
+        flight.chunks = [[] for _ in range(n)]
+        flight.received = [0] * n
+        flight.finished = [False] * n
+        flight.active = [True] * n
+        if flight.role == HEAD:
+            self.budget.add_head(n)
+        for i in range(n):
+            task = asyncio.create_task(self._consume(flight, i))
+            flight.tasks.append(task)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _issue(
+        self,
+        state: ChainState,
+        block: int,
+        k: int,
+        role: str,
+        *,
+        cut: int | None = None,
+        length: int | None = None,
+    ) -> InFlight:
+        """Transition ``k``'s proposal from ``state`` (the cut the kernel draws on it, unless
+        given; ``length``: the response's length once complete, if ``state`` is a prefix)."""
+        draws = self._transition_draws(block, k)
+        if cut is None:
+            cut = self.kernel.cut(state, draws.u_cut)
+        length = state.length if length is None else length
+        requests = self.kernel.requests(state.prefix(cut), length - cut, draws)
+        flight = InFlight(
+            k,
+            requests,
+            role,
+            draws=draws,
+            cut=cut,
+            response_prefix=state.response.token_ids[:cut].copy(),
+        )
+        self._start(flight)
+        n = len(requests)
+        self.stats.requests_issued += 1
+        self.stats.sequences_issued += n
+        self._issued_since += 1
+        self._sequences_since += n
+        return flight
+
+    def _leave(self, flight: Streamed, index: int) -> None:
+        """Sequence ``index`` no longer runs on the engine: give its slot back."""
+        if not flight.active[index]:
+            return
+        flight.active[index] = False
+        if flight.role == HEAD:
+            self.budget.remove_head(1)
+        else:
+            self.budget.release(1)
+
+    def _promote(self, flight: InFlight) -> None:
+        """A speculative proposal becomes the head: its running sequences move budgets."""
+        if flight.role == HEAD:
+            return
+        running = sum(flight.active)
+        self.budget.release(running)
+        self.budget.add_head(running)
+        flight.role = HEAD
+
+    def _close(self, flight: Streamed) -> int:
+        """Close every stream of ``flight`` (the server aborts them); tokens not generated.
+
+        Closing twice is a no-op (the walk's cleanup closes whatever is still open)."""
+        if flight.closed:
+            return 0
+        flight.closed = True
+        for task in flight.tasks:
+            task.cancel()
+        for i in range(len(flight.requests)):
+            self._leave(flight, i)
+        self.stats.tokens_generated += flight.tokens
+        self._tokens_since += flight.tokens
+        return sum(r.num_tokens for r in flight.requests) - flight.tokens
+
+    async def _consume(self, flight: Streamed, index: int) -> None:
+        """Stream sequence ``index`` into ``flight``; errors are kept for the walk to raise."""
+        request = flight.requests[index]
+        retries = 0
+        try:
+            while True:
+                try:
+                    await self._stream_once(flight, index, request)
+                    return
+                except EngineError as exc:
+                    if not exc.retryable or retries >= STREAM_RETRIES:
+                        raise
+                    retries += 1
+                    logger.info(
+                        "[%s] %s: stream broke after %d tokens (%s); retry %d/%d",
+                        self.engine.name,
+                        flight.what,
+                        flight.received[index],
+                        exc,
+                        retries,
+                        STREAM_RETRIES,
+                    )
+                    # A fresh sample replaces the broken one: whether a stream breaks does not
+                    # depend on its tokens, so the kernel is unchanged.
+                    flight.chunks[index] = []
+                    flight.received[index] = 0
+                    flight.attempts += 1
+                    flight.changed.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to the walk, which raises it if it needs this proposal
+            flight.error = exc
+            flight.changed.set()
+        finally:
+            self._leave(flight, index)
+
+    async def _stream_once(self, flight: Streamed, index: int, request: ProposalRequest) -> None:
+        budget = self.budget
+        previous: float | None = None
+        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
+            async for chunk in chunks:
+                n = len(chunk)
+                if n == 0:
+                    continue
+                now = time.perf_counter()
+                if previous is not None:  # the first chunk carries queueing and prefill
+                    budget.observe(n, now - previous, budget.in_flight)
+                previous = now
+                flight.chunks[index].append(chunk)
+                flight.received[index] += n
+                flight.changed.set()
+        if flight.received[index] != request.num_tokens:
+            raise InvalidResponseError(
+                f"{flight.what}: asked for {request.num_tokens} tokens, the stream "
+                f"delivered {flight.received[index]}",
+                engine=self.engine.name,
+            )
+        flight.finished[index] = True
+        flight.changed.set()
+
+    # ---- usability
+
+    def _usable(self, flight: InFlight, state: ChainState) -> bool:
+        """Whether ``flight`` is the request the sequential chain would make from ``state``."""
+        current = state.response.token_ids[: flight.cut]
+        if not np.array_equal(current, flight.response_prefix):
+            return False
+        if self.kernel.state_dependent_cut:
+            return self.kernel.cut(state, flight.draws.u_cut) == flight.cut
+        return True
+
+    async def _drain(self) -> None:
+        """Wait for closed streams to finish closing (their HTTP connections released)."""
+        pending = list(self._tasks)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
