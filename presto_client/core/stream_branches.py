@@ -132,7 +132,6 @@ class StreamBranches(StreamBase):
         reject, which their branches' survival counts). ``head``: ``None`` while the block's
         extension streams (``state`` holds its first tokens, ``length`` the whole)."""
         rate = self._accept_rate()
-        prior = 1.0
         left = self.config.steps_per_block - first
 
         def limit(t: int) -> int | None:
@@ -160,7 +159,8 @@ class StreamBranches(StreamBase):
                     watch.fed[i] += 1
                     news = True
             if news and not (flight.complete and flight is head):
-                prior_t = prior * (1.0 - rate) ** sum(1 for c in threats if c < flight.cut)
+                # survives iff the earlier in-flight transitions at smaller cuts all reject
+                prior_t = (1.0 - rate) ** sum(1 for c in threats if c < flight.cut)
                 self._speculate_branch(
                     state, flight, watch.predictor, window, block, prior_t, limit(t), length
                 )
