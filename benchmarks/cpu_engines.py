@@ -175,6 +175,7 @@ def presto_arms(
     out.mkdir(parents=True, exist_ok=True)
     path = out / "cpu_engines.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run_dir = out / "compare"  # presto's run directory (it refuses one holding other files)
     cmd = [
         sys.executable,
         "-m",
@@ -182,7 +183,7 @@ def presto_arms(
         "compare",
         str(path),
         "-o",
-        str(out),
+        str(run_dir),
         "--set",
         f"sampler.block_size={block_size}",
         "--set",
@@ -192,7 +193,7 @@ def presto_arms(
     # 3: the job finished with failed chains; its arms are still reported (chains_failed).
     if done.returncode not in (0, 3):
         raise SystemExit(f"presto compare exited with {done.returncode}: {' '.join(cmd)}")
-    with (out / "summary.json").open() as f:
+    with (run_dir / "summary.json").open() as f:
         return list(json.load(f)["arms"])
 
 
@@ -202,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=16, help="K, MH transitions per block")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu_engines")
-    p.add_argument("--skip-plain", action="store_true", help="only the presto arms")
+    p.add_argument(
+        "--skip-plain",
+        action="store_true",
+        help="only the presto arms (ratios to the plain loop kept in --out, if any)",
+    )
     p.add_argument("--skip-presto", action="store_true", help="only the plain loop")
     p.add_argument(
         "--engines", type=lambda v: v.split(","), default=None, help="names, e.g. llamacpp"
@@ -224,6 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     rows: list[tuple[str, float, str]] = []
     plain_s: float | None = None
+    kept = args.out / "plain_loop.json"
+    if args.skip_plain and kept.is_file():
+        # The plain loop of an earlier run into the same --out, at the same T and K only.
+        record = json.loads(kept.read_text())
+        if (record["T"], record["K"]) == (args.block_size, args.steps):
+            plain_s = float(record["seconds"])
+            note = f"{record['ambiguous']} amb. (earlier run: {kept})"
+            rows.append(("plain transformers loop (generate per proposal)", plain_s, note))
     if not args.skip_plain:
         plain_s, amb = plain_loop(args.block_size, args.steps, args.seed, args.threads)
         rows.append(("plain transformers loop (generate per proposal)", plain_s, f"{amb} amb."))
