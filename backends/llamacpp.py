@@ -166,8 +166,34 @@ def parse_probabilities(probs: Any, k: int, *, label: str, full_row: bool = Fals
     return TokenLogprobs(np.asarray(ids, dtype=np.int64), np.asarray(values), top_ids, top_lps)
 
 
+def ascii_token_ids(probs: Any) -> frozenset[int]:
+    """Ids that an answer's probability entries (and their top entries) show to be ASCII only:
+    text ending in such a token ends on a whole character, so it is never held back."""
+    out: set[int] = set()
+    if not isinstance(probs, list):
+        return frozenset()
+    for entry in probs:
+        if not isinstance(entry, dict):
+            continue
+        for e in [entry, *(entry.get("top_logprobs") or [])]:
+            raw = e.get("bytes") if isinstance(e, dict) else None
+            tid = e.get("id") if isinstance(e, dict) else None
+            if (
+                isinstance(tid, int)
+                and isinstance(raw, list)
+                and raw
+                and all(isinstance(b, int) and 0 <= b < 0x80 for b in raw)
+            ):
+                out.add(tid)
+    return frozenset(out)
+
+
 def held_back_positions(
-    tokens: Sequence[int], entry_ids: Sequence[int], *, label: str
+    tokens: Sequence[int],
+    entry_ids: Sequence[int],
+    *,
+    label: str,
+    whole: frozenset[int] = frozenset(),
 ) -> tuple[list[int], int]:
     """Positions of the tokens whose probabilities must be fetched, and how many of the entries
     (from the first) belong to the others.
@@ -176,8 +202,10 @@ def held_back_positions(
     it back and recorded nothing), and every entry belongs to the token that completed the
     character, so the held-back ones are the gaps of an in-order match of the entries' ids to the
     tokens. Where the match is ambiguous (a repeated token that either of two positions could
-    take), every position from there on is fetched instead: only the unambiguous entries are
-    used, so no probability is ever attributed to the wrong position.
+    take), a place that would make a token of ``whole`` (ASCII only: never held back) a gap is
+    ruled out; if that leaves more than one, every position from there on is fetched instead:
+    only the unambiguous entries are used, so no probability is ever attributed to the wrong
+    position.
     """
     missing = len(tokens) - len(entry_ids)
     if missing < 0:
@@ -193,6 +221,9 @@ def held_back_positions(
                 f"a UTF-8 character) and entry {m} (token {int(token)}) matches none of them: "
                 "the answer does not line up with its tokens"
             )
+        if len(places) > 1:
+            possible = [p for p in places if not any(int(t) in whole for t in tokens[pos:p])]
+            places = possible if len(possible) == 1 else places
         if len(places) > 1:
             return [*out, *range(pos, len(tokens))], m
         out.extend(range(pos, places[0]))
@@ -226,7 +257,8 @@ def parse_completion(
     if isinstance(tokens, list) and tokens:
         tokens = [token_id_value(t, label=label, what="tokens") for t in tokens]
         if len(tokens) != len(out):
-            out = _fill_held_back(out, tokens, repairs, k, label=label)
+            whole = ascii_token_ids(body.get("completion_probabilities"))
+            out = _fill_held_back(out, tokens, repairs, k, whole, label=label)
         check_ids(out.token_ids, tokens, label=label)
     if body.get("truncated"):
         raise InvalidResponseError(
@@ -243,9 +275,15 @@ def parse_completion(
 
 
 def _fill_held_back(
-    kept: TokenLogprobs, tokens: list[int], repairs: Sequence[Any], k: int, *, label: str
+    kept: TokenLogprobs,
+    tokens: list[int],
+    repairs: Sequence[Any],
+    k: int,
+    whole: frozenset[int],
+    *,
+    label: str,
 ) -> TokenLogprobs:
-    missing, used = held_back_positions(tokens, kept.token_ids.tolist(), label=label)
+    missing, used = held_back_positions(tokens, kept.token_ids.tolist(), label=label, whole=whole)
     if len(repairs) != len(missing):
         raise InvalidResponseError(
             f"{label}: {len(tokens)} tokens but {len(kept)} probability entries: llama.cpp "
@@ -338,7 +376,8 @@ class LlamaCppAdapter(Adapter):
             return []
         kept = [_entry_id(e, label, "completion_probabilities") for e in probs]
         calls = []
-        for j in held_back_positions(tokens, kept, label=label)[0]:
+        whole = ascii_token_ids(probs)
+        for j in held_back_positions(tokens, kept, label=label, whole=whole)[0]:
             payload = self._payload((*request.prefix, *tokens[:j]), 1, 1.0, 0)
             payload["n_probs"] = FULL_ROW
             payload["logit_bias"] = [[0, FORCE_BIAS]]

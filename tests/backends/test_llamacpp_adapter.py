@@ -18,6 +18,7 @@ from backends.llamacpp import (
     FULL_ROW,
     SEED_MODULUS,
     LlamaCppAdapter,
+    ascii_token_ids,
     continuation_seed,
     held_back_positions,
     request_seed,
@@ -179,6 +180,19 @@ def test_an_ambiguous_match_fetches_every_row_from_the_ambiguity_on() -> None:
     # Either 6 could be the held-back one: the entries after the first are not attributed.
     assert held_back_positions([5, 6, 6, 8], [5, 6, 8], label="p") == ([1, 2, 3], 1)
     assert held_back_positions([4, 5, 6, 6], [4, 5, 6], label="p") == ([2, 3], 2)
+
+
+def test_an_ascii_token_is_never_the_held_back_one() -> None:
+    # "\n\n" (198 198) before a character split over two tokens (7 holds its first bytes):
+    # only the place that keeps the ASCII 198 out of the gaps is possible.
+    tokens, entries = [5, 198, 198, 7, 8], [5, 198, 198, 8]
+    assert held_back_positions(tokens, entries, label="p") == ([1, 2, 3, 4], 1)
+    assert held_back_positions(tokens, entries, label="p", whole=frozenset({198})) == ([3], 4)
+    probs = [
+        {"id": 198, "bytes": [10], "top_logprobs": [{"id": 9, "bytes": [226, 137]}]},
+        {"id": 8, "bytes": [136], "top_logprobs": [{"id": 11, "bytes": [32, 97]}]},
+    ]
+    assert ascii_token_ids(probs) == frozenset({198, 11})
 
 
 async def test_an_ambiguous_held_back_token_is_scored_from_whole_rows() -> None:
