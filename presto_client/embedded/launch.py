@@ -18,18 +18,18 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
 from presto_client import defaults
+from presto_client.child_servers import health_ok as _healthy
+from presto_client.child_servers import log_tail as _tail
+from presto_client.child_servers import stop_process_group
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger("presto_client.progress")
@@ -53,22 +53,6 @@ def first_use_note() -> str | None:
 
 class EmbeddedServerError(RuntimeError):
     """The embedded server did not start (the message carries the tail of its log)."""
-
-
-def _tail(path: Path, n: int = 4000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return "(no log)"
-    return data[-n:].decode(errors="replace")
-
-
-def _healthy(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 class EmbeddedServer:
@@ -182,16 +166,8 @@ class EmbeddedServer:
     def stop(self) -> None:
         """SIGTERM the child's process group, SIGKILL after the grace period; idempotent."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("embedded server %d ignored SIGTERM; killing it", proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if proc is not None:
+            stop_process_group(proc, self.stop_grace_s, "embedded server")
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None

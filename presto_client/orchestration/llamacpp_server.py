@@ -28,11 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
+
+from presto_client.child_servers import health_ok as _healthy
+from presto_client.child_servers import log_tail as _tail
+from presto_client.child_servers import stop_process_group as _stop_group
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger("presto_client.progress")
@@ -99,23 +101,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _tail(path: Path, n: int = 4000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return "(no log)"
-    return data[-n:].decode(errors="replace")
-
-
-def _healthy(url: str, timeout: float = 2.0) -> bool:
-    """``/health`` answers 200 (503 while the model loads)."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def _die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has Linux SIGTERM the child when presto dies, SIGKILL included,
     where no ``finally`` runs (``PR_SET_PDEATHSIG``; it survives the script's ``exec`` of the
@@ -132,21 +117,6 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl(pr_set_pdeathsig, signal.SIGTERM)
 
     return preexec
-
-
-def _stop_group(proc: subprocess.Popen[bytes], grace_s: float, what: str) -> None:
-    """SIGTERM the process group of ``proc``, SIGKILL after ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        logger.warning("%s (%d) ignored SIGTERM; killing it", what, proc.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 class _LineFollower:
