@@ -23,6 +23,7 @@ LEAVES = (
     "presto_client.urls",
     "presto_client.concurrency",
     "presto_client.terminal_text",
+    "presto_client.child_servers",
 )
 
 # An entry allows that module and everything under it; "=name" allows that module only (a
@@ -53,6 +54,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "presto_client/urls.py": (),
     "presto_client/concurrency.py": (),
     "presto_client/terminal_text.py": (),
+    "presto_client/child_servers.py": (),
 }
 # The faces (cli.py, __init__.py, lm_eval_model.py) may import everything: not listed.
 
