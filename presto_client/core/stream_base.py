@@ -184,6 +184,8 @@ class StreamBase(ChainRunner):
 
     async def _stream_once(self, flight: Streamed, index: int, request: ProposalRequest) -> None:
         budget = self.budget
+        start = time.perf_counter()
+        load = budget.in_flight
         previous: float | None = None
         async with contextlib.aclosing(self.engine.stream(request)) as chunks:
             async for chunk in chunks:
@@ -193,6 +195,12 @@ class StreamBase(ChainRunner):
                 now = time.perf_counter()
                 if previous is not None:  # the first chunk carries queueing and prefill
                     budget.observe(n, now - previous, budget.in_flight)
+                elif n == request.num_tokens:
+                    # The whole proposal in one chunk (an engine that does not stream: llama.cpp,
+                    # scaled modes): measured as one request, as the round runners measure theirs.
+                    # Without this the budget never learns such an engine's cost, and a chain
+                    # speculates up to every free slot of a compute-bound server.
+                    budget.observe(n, now - start, load)
                 previous = now
                 flight.chunks[index].append(chunk)
                 flight.received[index] += n

@@ -321,6 +321,54 @@ def test_budget_follows_the_engines_measured_cost() -> None:
     assert not cpu.try_acquire(3) and cpu.try_acquire(2)
 
 
+def test_an_unmeasured_budget_speculates_one_sequence_per_observation() -> None:
+    budget = SpeculationBudget(None)
+    budget.add_head(1)
+    assert budget.available() == 1  # no evidence: one speculative sequence, not every slot
+    for _ in range(5):
+        budget.observe(8, 0.08, 1)  # all at one load: the slope is still unknown
+    assert budget.fitted() is None
+    assert budget.available() == 5
+    assert budget.try_acquire(5) and not budget.try_acquire(1)
+
+
+class _WholeProposals:
+    """The reference engine as an engine that does not stream (llama.cpp, scaled modes): a
+    proposal arrives as one chunk."""
+
+    def __init__(self, inner: ReferenceEngine) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        return await self.inner.generate(requests)
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        (whole,) = await self.inner.generate([request])
+        yield whole
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoredTokens]:
+        return await self.inner.score(requests)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_stream_chain_measures_an_engine_that_does_not_stream() -> None:
+    """Each one-chunk proposal is measured as a whole request; before, only the gaps between
+    chunks were, so such an engine was never measured and a chain speculated into every slot."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=8, steps_per_block=12)
+    baseline = await run_chain(
+        ReferenceEngine(model), [1], config, traversal="sequential", seed=2
+    )
+    budget = SpeculationBudget(None)
+    runner = StreamRunner(_WholeProposals(ReferenceEngine(model)), config, 2, None, budget=budget)
+    result = await runner.run([1])
+    assert result.full_token_ids == baseline.full_token_ids
+    assert budget._fit.count >= 12  # every transition's proposal at least
+
+
 async def test_a_spent_budget_makes_the_stream_chain_sequential() -> None:
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=8, steps_per_block=12)
