@@ -359,9 +359,7 @@ async def test_a_stream_chain_measures_an_engine_that_does_not_stream() -> None:
     chunks were, so such an engine was never measured and a chain speculated into every slot."""
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=8, steps_per_block=12)
-    baseline = await run_chain(
-        ReferenceEngine(model), [1], config, traversal="sequential", seed=2
-    )
+    baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=2)
     budget = SpeculationBudget(None)
     runner = StreamRunner(_WholeProposals(ReferenceEngine(model)), config, 2, None, budget=budget)
     result = await runner.run([1])
