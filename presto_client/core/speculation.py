@@ -16,13 +16,14 @@ and handed to each chain's runner:
   forgetting), and allows speculative sequences only while they slow a step by at most
   ``tolerance`` relative to the heads alone: ``n_spec ≤ tolerance·step(heads)/b``.
 
-Until the cost is measured, speculation grows with the evidence: at most one speculative
-sequence per observation so far (a slow start: a compute-bound engine shows its cost before a
-chain fills its slots, and a latency-bound one yields dozens of observations in its first
-tokens). A flat fit opens the bound; a steep one pulls speculation back towards the sequential
-chain. The window
-in the config stays a cap. Nothing here changes a decision: which proposals are in flight never
-affects the law of the chain (method §4), only its speed.
+Until the cost is measured, speculation grows with the evidence of what it costs: one
+speculative sequence, plus one per observation made with more than one sequence in flight (a
+slow start: a compute-bound engine shows its cost before a chain fills its slots, and a
+latency-bound one yields dozens of such observations in its first tokens; observations of a
+lone sequential chain say nothing about the slope). A flat fit opens the bound; a steep one
+pulls speculation back towards the sequential chain. The window in the config stays a cap.
+Nothing here changes a decision: which proposals are in flight never affects the law of the
+chain (method §4), only its speed.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class SpeculationBudget:
         self.speculative = 0
         """Sequences of speculative proposals in flight."""
         self._fit = _CostFit()
+        self._loaded_observations = 0
+        """Observations made with more than one sequence in flight (the slow start's evidence)."""
         self.peak_speculative = 0
         self._value: dict[str, tuple[float, float]] = {}
         """Per rule: decayed sums of predicted and realised extra transitions per round."""
@@ -108,13 +111,13 @@ class SpeculationBudget:
         return self.heads + self.speculative
 
     def cost_limit(self) -> float:
-        """Speculative sequences the measured cost allows (one per observation until it is
-        measured, ``inf`` on a flat engine)."""
+        """Speculative sequences the measured cost allows (see the module doc: a slow start
+        until it is measured, ``inf`` on a flat engine)."""
         if not self.adaptive:
             return math.inf
         fit = self._fit.coefficients()
         if fit is None:
-            return float(max(self._fit.count, 1))
+            return float(1 + self._loaded_observations)
         a, b = fit
         if b <= 0:
             return math.inf  # flat (latency-bound): speculation costs the others nothing
@@ -192,6 +195,8 @@ class SpeculationBudget:
         if tokens <= 0 or not seconds > 0 or not math.isfinite(seconds):
             return
         self._fit.add(float(max(in_flight, 1)), seconds / tokens, weight=float(tokens))
+        if in_flight > 1:
+            self._loaded_observations += 1
 
     def fitted(self) -> tuple[float, float] | None:
         """The fitted ``(a, b)`` of ``seconds per token = a + b·sequences in flight``."""

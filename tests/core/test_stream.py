@@ -321,15 +321,24 @@ def test_budget_follows_the_engines_measured_cost() -> None:
     assert not cpu.try_acquire(3) and cpu.try_acquire(2)
 
 
-def test_an_unmeasured_budget_speculates_one_sequence_per_observation() -> None:
+def test_an_unmeasured_budget_grows_speculation_with_observations_under_load() -> None:
     budget = SpeculationBudget(None)
     budget.add_head(1)
     assert budget.available() == 1  # no evidence: one speculative sequence, not every slot
-    for _ in range(5):
-        budget.observe(8, 0.08, 1)  # all at one load: the slope is still unknown
+    for _ in range(20):
+        budget.observe(8, 0.08, 1)  # a lone sequential chain: says nothing about the slope
     assert budget.fitted() is None
-    assert budget.available() == 5
-    assert budget.try_acquire(5) and not budget.try_acquire(1)
+    assert budget.available() == 1
+    for _ in range(4):
+        budget.observe(8, 0.16, 2)
+    # 24 observations at two loads: the fit (per token 10 ms per sequence, nothing fixed)
+    # says a second sequence doubles a step, beyond the tolerance: no speculation.
+    assert budget.fitted() is not None and budget.available() == 0
+    fresh = SpeculationBudget(None)
+    for _ in range(4):
+        fresh.observe(8, 0.16, 2)
+    assert fresh.fitted() is None and fresh.available() == 5
+    assert fresh.try_acquire(5) and not fresh.try_acquire(1)
 
 
 class _WholeProposals:
