@@ -23,9 +23,14 @@ SURVIVAL_FLOOR = 0.1
 far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite
 wait until the walk is nearer. Speed only: which proposals are in flight never changes the
 chain."""
+BRANCH_FLOOR = 0.3
+"""An accept-branch proposal is issued only while it is this likely to be used (its head
+accepts and no transition between rewrites its prefix). Higher than :data:`SURVIVAL_FLOOR`:
+most heads reject, and a branch that looked possible at 10 % cost a quarter of the sequential
+chain's tokens for little of the time saved (docs/benchmarks.md, issue 17 (a))."""
 BRANCH_DROP = 0.5
 """The accept branch is closed once the head's predicted accept falls below this fraction of
-:data:`SURVIVAL_FLOOR` (under the floor itself nothing new is issued: a margin against closing
+:data:`BRANCH_FLOOR` (under the floor itself nothing new is issued: a margin against closing
 and re-issuing on every chunk)."""
 BRANCH_WATCH = 4
 """Besides the head, the next proposals of the window whose accept branches are speculated."""
@@ -192,14 +197,14 @@ class StreamBranches(StreamBase):
             entry = None
         branch = entry[1] if entry is not None else {}
         if branch and (
-            probability < BRANCH_DROP * SURVIVAL_FLOOR
+            probability < BRANCH_DROP * BRANCH_FLOOR
             or any(flight.candidate != candidate for flight in branch.values())
         ):
             for flight in branch.values():
                 self._close(flight)
                 self.stats.requests_cancelled += 1
             branch.clear()
-        if probability < SURVIVAL_FLOOR or not base.chunks[candidate]:
+        if probability < BRANCH_FLOOR or not base.chunks[candidate]:
             return
         received = join_chunks(base.chunks[candidate])
         partial = state.with_response(state.response.slice(0, base.cut).concat(received))
@@ -221,7 +226,7 @@ class StreamBranches(StreamBase):
                 continue  # the accept leaves its prefix as it is: the window's to issue
             if not self._ready(cut, partial.length):
                 continue  # its prefix is not in yet: a later chunk may bring it
-            if survival < SURVIVAL_FLOOR:
+            if survival < BRANCH_FLOOR:
                 continue
             if limit is not None and self._in_flight(window) >= limit:
                 break
