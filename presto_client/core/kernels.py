@@ -10,6 +10,7 @@ scores and asks again.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -245,7 +246,8 @@ class EntropyCut(Kernel):
 
     ``H_0 := 0``, so the first position's jump is its own entropy. The law is a deterministic
     function of the stored entropies (uniform when every jump is 0), and its ratio enters
-    ``log A``: ``+ log λ(c; y) − log λ(c; x)``.
+    ``log A``: ``+ log λ(c; y) − log λ(c; x)``. The cut is drawn by an exponential race keyed
+    by the transition (:meth:`cut`), not by an inverse CDF.
     """
 
     state_dependent_cut = True
@@ -274,25 +276,31 @@ class EntropyCut(Kernel):
         return weights / total
 
     def cut(self, state: ChainState, u_cut: float) -> int:
-        cdf = np.cumsum(self.cut_weights(state))
-        return min(int(np.searchsorted(cdf, u_cut * cdf[-1], side="right")), state.length - 1)
+        """The first arrival of an exponential race: position ``t`` arrives at ``E_t / w_t``.
+
+        With independent ``E_t ~ Exp(1)`` the winner is ``t`` with probability ``w_t / Σ w`` (the
+        law exactly), and the times are a function of the transition's draw alone (``E`` from
+        ``u_cut``'s bits, :func:`race_times`), not of the state. That couples the cut across
+        states as an inverse CDF cannot: a state that differs only after position ``c`` moves the
+        cut only if one of its new positions arrives first, while one draw of an inverse CDF
+        moves with every change of the total weight. So a proposal speculated before an accept
+        at a later cut usually keeps its cut (stream, crn), and a cut guessed from a response
+        still streaming in is final once the positions to come cannot overtake it.
+        """
+        return _race_winner(self._jump_weights(state), race_times(u_cut, state.length))
 
     def speculative_cut(self, state: ChainState, length: int, u_cut: float) -> int:
-        """A guess: the weights still to come are taken to total what the received ones do per
-        position (the walk uses the proposal only if the realised state draws the same cut)."""
+        """A guess: each position still to come is given the mean weight of those received (the
+        walk uses the proposal only if the realised state draws the same cut). A guess beyond the
+        tokens received means: not known yet."""
         received = state.length
         if received >= length:
             return self.cut(state, u_cut)
         if received == 0:
             return length - 1
         weights = self._jump_weights(state)
-        total = float(weights.sum())
-        if not total > 0.0:
-            return min(int(u_cut * length), length - 1)
-        target = u_cut * total * length / received
-        if target < total:
-            return int(np.searchsorted(np.cumsum(weights), target, side="right"))
-        return min(received + int((target - total) * received / total), length - 1)
+        filled = np.concatenate([weights, np.full(length - received, float(weights.mean()))])
+        return _race_winner(filled, race_times(u_cut, length))
 
     def log_cut_probability(self, state: ChainState, cut: int) -> float:
         p = float(self.cut_weights(state)[cut])
@@ -551,3 +559,36 @@ def make_kernel(config: SamplerConfig) -> Kernel:
             f"unknown sampler {config.sampler!r}; valid samplers are {sampler_names()}"
         )
     return kernel_cls(config)
+
+
+_RACE_SCALE = float(2**53)
+
+
+@functools.lru_cache(maxsize=1024)
+def _race_times_cached(key: int, length: int) -> FloatArray:
+    uniforms = np.random.Generator(np.random.PCG64(key)).random(length)
+    times: FloatArray = -np.log1p(-uniforms)
+    times.flags.writeable = False
+    return times
+
+
+def race_times(u_cut: float, length: int) -> FloatArray:
+    """``length`` independent ``Exp(1)`` times keyed by the transition's cut draw.
+
+    ``u_cut`` is ``rng.random()``: 53 random bits, which seed the race's own generator. Position
+    ``t``'s time is the ``t``-th draw of that generator whatever ``length`` is (one 64-bit draw
+    per double), so a response that grows (a block's extension streaming in, the next block)
+    keeps its earlier positions' times. Read-only: shared through a small cache, because the
+    stream walk asks for the same transition's cut from several states.
+    """
+    return _race_times_cached(int(u_cut * _RACE_SCALE), length)
+
+
+def _race_winner(weights: FloatArray, times: FloatArray) -> int:
+    """The position whose ``times / weights`` is smallest; every weight 0 means uniform (the
+    smallest time). A weight-0 position never wins otherwise."""
+    if not float(weights.max(initial=0.0)) > 0.0:
+        return int(np.argmin(times))
+    positive = weights > 0.0
+    arrivals = np.where(positive, times / np.where(positive, weights, 1.0), np.inf)
+    return int(np.argmin(arrivals))

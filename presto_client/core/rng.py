@@ -24,7 +24,8 @@ class TransitionDraws:
     """All draws of one MH transition, fixed before the transition happens."""
 
     u_cut: float
-    """Uniform that picks the cut through the inverse CDF of the cut law."""
+    """Uniform that picks the cut: through the inverse CDF of a law of the length alone, or as
+    the key of EntropyCut's exponential race (:func:`~presto_client.core.kernels.race_times`)."""
     seeds: tuple[int, ...]
     """Proposal seed(s): one, or one per MultiTryMH candidate."""
     temperature_index: tuple[int, ...]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from presto_client.core.engine_protocol import ScoredTokens
-from presto_client.core.kernels import EntropyCut, MultiTryMH, PowerMH
+from presto_client.core.kernels import EntropyCut, MultiTryMH, PowerMH, race_times
 from presto_client.core.logprob_math import exact_scores, log_softmax, scores_from_topk
 from presto_client.core.rng import TransitionDraws
 from presto_client.core.sampler_config import SamplerConfig
@@ -156,13 +156,40 @@ def test_entropy_cut_law_follows_entropy_jumps() -> None:
     # Jumps: H1 - 0 = 0.5, 0, 0.8, 0 -> weights 0.25, 0, 0.64, 0.
     weights = kernel.cut_weights(state)
     np.testing.assert_allclose(weights, np.array([0.25, 0, 0.64, 0]) / 0.89)
-    assert kernel.cut(state, 0.0) == 0
-    assert kernel.cut(state, 0.25 / 0.89 - 1e-9) == 0
-    assert kernel.cut(state, 0.25 / 0.89 + 1e-9) == 2
-    assert kernel.cut(state, 0.999999) == 2
+    draws = np.random.default_rng(0).random(20_000)
+    cuts = np.array([kernel.cut(state, float(u)) for u in draws])
+    assert set(cuts.tolist()) == {0, 2}  # a position without a jump is never cut
+    assert float(np.mean(cuts == 0)) == pytest.approx(0.25 / 0.89, abs=0.015)
     assert kernel.log_cut_probability(state, 1) == -math.inf
     flat = ChainState((0,), ScoredTokens.exact([0, 0], np.zeros(2), np.zeros((2, 1)), np.zeros(2)))
     np.testing.assert_allclose(kernel.cut_weights(flat), [0.5, 0.5])
+
+
+def test_entropy_cut_race_keeps_the_cut_where_two_states_share_their_weights() -> None:
+    """The race couples states: two responses that share their first positions agree on every
+    draw whose cut lies among those positions in both. An inverse CDF does not (the totals
+    differ), which is what made a speculated EntropyCut cut seldom survive an accept."""
+    kernel = EntropyCut(SamplerConfig(sampler="entropy_cut", block_size=12))
+    rng = np.random.default_rng(3)
+    shared = rng.uniform(0.0, 3.0, size=6)
+
+    def state(tail: np.ndarray) -> ChainState:
+        entropy = np.concatenate([shared, tail])
+        n = len(entropy)
+        return ChainState((0,), ScoredTokens.exact([0] * n, np.zeros(n), np.zeros((n, 1)), entropy))
+
+    x, y = state(rng.uniform(0.0, 3.0, size=6)), state(rng.uniform(0.0, 6.0, size=6))
+    both = 0
+    for u in rng.random(4_000):
+        cut_x, cut_y = kernel.cut(x, float(u)), kernel.cut(y, float(u))
+        if cut_x < 6 and cut_y < 6:
+            both += 1
+            assert cut_x == cut_y
+    assert both > 200  # the property was exercised
+    # A response that grows keeps its earlier positions' race times.
+    np.testing.assert_array_equal(race_times(0.37, 12)[:5], race_times(0.37, 5))
+    # A guess from a response that is all in is the cut itself.
+    assert kernel.speculative_cut(x, 12, 0.37) == kernel.cut(x, 0.37)
 
 
 def test_power_mh_log_accept_is_the_suffix_ratio() -> None:
