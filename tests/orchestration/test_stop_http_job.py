@@ -44,7 +44,9 @@ def _config(run_dir: Path, base_url: str) -> Any:
             }
         ],
         prompts={"token_ids": [[1, 2, 3], [4, 5, 6, 7]]},
-        sampler={"traversals": ["stream"], "window": 4},
+        # Long enough that no chain can finish before the test stalls the streams, however late a
+        # loaded machine lets it look (six steps once finished first: nothing was left to stall).
+        sampler={"traversals": ["stream"], "window": 4, "steps_per_block": 64},
         chains_per_prompt=1,
     )
 
