@@ -20,22 +20,16 @@ from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, Sc
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.rng import ChainRandomness
-from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream_flight import InFlight
 from presto_client.core.stream_runner import StreamRunner
 from presto_client.errors import EngineUnavailableError
+from tests.core.test_stream import _walk
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
-
-
-def _walk(result: ChainResult) -> list[tuple[int, int, int, bool, int]]:
-    return [
-        (t.block, t.k, t.cut, t.accepted, t.selected if t.accepted else -1)
-        for t in result.transitions
-    ]
 
 
 class UnrulyEngine:
