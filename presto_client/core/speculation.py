@@ -175,11 +175,20 @@ class SpeculationBudget:
         return 0 if free <= 0 else (int(free) if math.isfinite(free) else 1 << 30)
 
     def try_acquire(self, sequences: int) -> bool:
-        if self.available() < sequences:
+        if self.available() < sequences and not self._slow_start_opens(sequences):
             return False
         self.speculative += sequences
         self.peak_speculative = max(self.peak_speculative, self.speculative)
         return True
+
+    def _slow_start_opens(self, sequences: int) -> bool:
+        """The slow start's first step is one proposal, whatever its sequences: counted in
+        sequences, a MultiTryMH proposal (one per try) would wait for observations under load
+        that only such a proposal can make while the block's extension streams alone."""
+        if not self.adaptive or self.speculative > 0 or self._fit.coefficients() is not None:
+            return False
+        room = math.inf if self.capacity is None else self.capacity - self.in_flight
+        return room >= sequences
 
     def release(self, sequences: int) -> None:
         self.speculative = max(0, self.speculative - sequences)

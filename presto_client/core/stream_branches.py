@@ -23,15 +23,16 @@ SURVIVAL_FLOOR = 0.1
 far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite
 wait until the walk is nearer. Speed only: which proposals are in flight never changes the
 chain."""
-BRANCH_FLOOR = 0.3
+BRANCH_FLOOR = 0.5
 """An accept-branch proposal is issued only while it is this likely to be used (its head
 accepts and no transition between rewrites its prefix). Higher than :data:`SURVIVAL_FLOOR`:
-most heads reject, and a branch that looked possible at 10 % cost a quarter of the sequential
-chain's tokens for little of the time saved (docs/benchmarks.md, issue 17 (a))."""
-BRANCH_DROP = 0.5
+most heads reject, and branches that looked possible at 10 % or 30 % cost a quarter and a tenth
+of the sequential chain's tokens for little of the time saved (docs/benchmarks.md, issue 17
+(a))."""
+BRANCH_DROP = 0.3
 """The accept branch is closed once the head's predicted accept falls below this fraction of
 :data:`BRANCH_FLOOR` (under the floor itself nothing new is issued: a margin against closing
-and re-issuing on every chunk)."""
+and re-issuing on every chunk; at half the floor, 0.25, MultiTryMH's chain took 6 % longer)."""
 BRANCH_WATCH = 4
 """Besides the head, the next proposals of the window whose accept branches are speculated."""
 BRANCH_SPAN = 24

@@ -344,6 +344,20 @@ def test_an_unmeasured_budget_grows_speculation_with_observations_under_load() -
     assert fresh.try_acquire(5) and not fresh.try_acquire(1)
 
 
+def test_an_unmeasured_budget_lets_one_proposal_of_several_sequences_start() -> None:
+    """MultiTryMH's proposal is one sequence per try: the slow start lets one such proposal go
+    out (its observations are the evidence), not a second, and never past the engine's slots."""
+    budget = SpeculationBudget(None)
+    budget.add_head(1)
+    assert budget.available() == 1
+    assert budget.try_acquire(4) and budget.speculative == 4
+    assert not budget.try_acquire(4) and not budget.try_acquire(1)
+    budget.release(4)
+    full = SpeculationBudget(4)
+    full.add_head(1)
+    assert not full.try_acquire(4) and full.try_acquire(3)
+
+
 class _WholeProposals:
     """The reference engine as an engine that does not stream (llama.cpp, scaled modes): a
     proposal arrives as one chunk."""
