@@ -169,9 +169,8 @@ class SpeculationBudget:
 
     def available(self) -> int:
         """How many more speculative sequences may start now."""
-        room = math.inf if self.capacity is None else self.capacity - self.in_flight
         limit = self.cost_limit() - self.speculative
-        free = min(room, limit)
+        free = min(self._room(), limit)
         return 0 if free <= 0 else (int(free) if math.isfinite(free) else 1 << 30)
 
     def try_acquire(self, sequences: int) -> bool:
@@ -187,8 +186,11 @@ class SpeculationBudget:
         that only such a proposal can make while the block's extension streams alone."""
         if not self.adaptive or self.speculative > 0 or self._fit.coefficients() is not None:
             return False
-        room = math.inf if self.capacity is None else self.capacity - self.in_flight
-        return room >= sequences
+        return self._room() >= sequences
+
+    def _room(self) -> float:
+        """Sequences the engine's slots still hold (``inf`` without a known capacity)."""
+        return math.inf if self.capacity is None else self.capacity - self.in_flight
 
     def release(self, sequences: int) -> None:
         self.speculative = max(0, self.speculative - sequences)

@@ -26,7 +26,7 @@ chain."""
 BRANCH_FLOOR = 0.5
 """An accept-branch proposal is issued only while it is this likely to be used (its head
 accepts and no transition between rewrites its prefix). Higher than :data:`SURVIVAL_FLOOR`:
-most heads reject, and branches that looked possible at 10 % or 30 % cost a quarter and a tenth
+most heads reject, and branches that looked possible at 10 % or 30 % cost a quarter and a sixth
 of the sequential chain's tokens for little of the time saved (docs/benchmarks.md, issue 17
 (a))."""
 BRANCH_DROP = 0.3
