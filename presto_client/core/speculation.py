@@ -173,8 +173,14 @@ class SpeculationBudget:
         free = min(self._room(), limit)
         return 0 if free <= 0 else (int(free) if math.isfinite(free) else 1 << 30)
 
-    def try_acquire(self, sequences: int) -> bool:
-        if self.available() < sequences and not self._slow_start_opens(sequences):
+    def try_acquire(self, sequences: int, reserved: int = 0) -> bool:
+        """Take ``sequences`` speculative slots, leaving ``reserved`` of those available for
+        proposals that come first but cannot be issued yet (see :meth:`StreamRunner._issue_early`).
+        The reservation holds only once the cost is measured: before that, the slow start grows
+        only with proposals in flight."""
+        if self._fit.coefficients() is None:
+            reserved = 0
+        if self.available() - reserved < sequences and not self._slow_start_opens(sequences):
             return False
         self.speculative += sequences
         self.peak_speculative = max(self.peak_speculative, self.speculative)

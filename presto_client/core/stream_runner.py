@@ -246,6 +246,7 @@ class StreamRunner(StreamBranches):
         per = self.kernel.sequences_per_proposal
         partial = state.extend(join_chunks(extension.chunks[0]))
         threats: list[int] = []
+        reserved = 0
         for j in range(last):
             flight = window.get(j)
             if flight is not None:
@@ -256,11 +257,14 @@ class StreamRunner(StreamBranches):
             )
             survival = self._survival(threats, cut)
             threats.append(cut)
-            if not self._ready(cut, partial.length):
-                continue  # its prefix is not in yet: a later chunk may bring it
             if survival < SURVIVAL_FLOOR:
                 continue
-            if not self.budget.try_acquire(per):
+            if not self._ready(cut, partial.length):
+                # Its prefix is not in yet: a later chunk brings it. Its slots are kept for it,
+                # since the walk needs it before every later transition.
+                reserved += per
+                continue
+            if not self.budget.try_acquire(per, reserved):
                 break  # the engine's budget is spent
             window[j] = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
 

@@ -358,6 +358,21 @@ def test_an_unmeasured_budget_lets_one_proposal_of_several_sequences_start() -> 
     assert not full.try_acquire(4) and full.try_acquire(3)
 
 
+def test_a_reservation_keeps_slots_for_earlier_proposals_once_the_cost_is_measured() -> None:
+    measured = SpeculationBudget(None)
+    for i in range(4 * MIN_OBSERVATIONS):
+        n = 1 + i % 8
+        measured.observe(1, 0.010 + 0.0025 * n, n)  # room for 2 speculative sequences
+    measured.add_head(1)
+    assert not measured.try_acquire(1, reserved=2)  # both kept for proposals that come first
+    assert measured.try_acquire(1, reserved=1) and measured.speculative == 1
+    assert not measured.try_acquire(1, reserved=1)
+    unmeasured = SpeculationBudget(None)
+    unmeasured.add_head(1)
+    # No fit yet: the slow start grows only with proposals in flight, so nothing is kept back.
+    assert unmeasured.try_acquire(1, reserved=4)
+
+
 class _WholeProposals:
     """The reference engine as an engine that does not stream (llama.cpp, scaled modes): a
     proposal arrives as one chunk."""

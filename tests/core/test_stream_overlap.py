@@ -331,6 +331,31 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     assert 1 < engine.peak < 30
 
 
+async def test_a_transition_whose_prefix_is_not_in_keeps_its_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With room for one speculative proposal, the first transition of the block gets it even
+    when its cut lies late in the streaming extension: later transitions with earlier cuts
+    leave its slot to it, since the walk needs it first."""
+    monkeypatch.setattr(stream_runner, "SURVIVAL_FLOOR", 0.0)
+    issued: list[int] = []
+    original = StreamRunner._issue
+
+    def record(self: StreamRunner, *args: object, **kwargs: object) -> InFlight:
+        issued.append(int(args[2]))  # type: ignore[call-overload]
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StreamRunner, "_issue", record)
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=40, steps_per_block=30)
+    baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
+    budget = _fitted(0.01, 0.005)  # tolerance 0.5 of step(1) = 15 ms: one sequence
+    runner = StreamRunner(_Counting(model), config, 1, None, window=None, budget=budget)
+    result = await runner.run([1])
+    assert result.full_token_ids == baseline.full_token_ids
+    assert issued[0] == 0, issued[:5]
+
+
 def test_the_speculative_cut_is_the_cut_once_the_response_is_complete() -> None:
     rng = np.random.default_rng(0)
     for sampler in SAMPLERS:
