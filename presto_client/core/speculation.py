@@ -43,6 +43,9 @@ FORGETTING = 0.995
 """Per-sample decay of the least-squares sums (recent load counts most)."""
 ROUND_VALUE_FORGETTING = 0.95
 """Per-round decay of the predicted/realised transition sums of the round rules."""
+RESERVE_SHARE = 0.5
+"""At most this share of the speculative sequences still available may be held for proposals
+that come first but cannot be issued yet (:meth:`SpeculationBudget.try_acquire`)."""
 
 
 @dataclass(slots=True)
@@ -176,11 +179,20 @@ class SpeculationBudget:
     def try_acquire(self, sequences: int, reserved: int = 0) -> bool:
         """Take ``sequences`` speculative slots, leaving ``reserved`` of those available for
         proposals that come first but cannot be issued yet (see :meth:`StreamRunner._issue_early`).
-        The reservation holds only once the cost is measured: before that, the slow start grows
-        only with proposals in flight."""
+        The reservation holds only once the cost is measured (before that, the slow start grows
+        only with proposals in flight), and for at most :data:`RESERVE_SHARE` of the sequences
+        still available. The proposals that can start now are the early-cut ones, the longest,
+        which gain most from an early start: the reservation binds where the budget has many
+        slots to spare (MultiTryMH on a GPU, ten proposals of four sequences, where later
+        transitions took them all), never over the last slots of a budget of one or two
+        sequences, which it would keep idle until a short late-cut proposal could go (a
+        compute-bound engine: ``benchmarks/budget_replay.py``'s mixed curve, stream 1.27x held
+        whole against 1.38x)."""
+        available = self.available()
         if self._fit.coefficients() is None:
             reserved = 0
-        if self.available() - reserved < sequences and not self._slow_start_opens(sequences):
+        reserved = min(reserved, int(available * RESERVE_SHARE))
+        if available - reserved < sequences and not self._slow_start_opens(sequences):
             return False
         self.speculative += sequences
         self.peak_speculative = max(self.peak_speculative, self.speculative)

@@ -359,18 +359,29 @@ def test_an_unmeasured_budget_lets_one_proposal_of_several_sequences_start() -> 
 
 
 def test_a_reservation_keeps_slots_for_earlier_proposals_once_the_cost_is_measured() -> None:
-    measured = SpeculationBudget(None)
-    for i in range(4 * MIN_OBSERVATIONS):
-        n = 1 + i % 8
-        measured.observe(1, 0.010 + 0.0025 * n, n)  # room for 2 speculative sequences
-    measured.add_head(1)
-    assert not measured.try_acquire(1, reserved=2)  # both kept for proposals that come first
-    assert measured.try_acquire(1, reserved=1) and measured.speculative == 1
-    assert not measured.try_acquire(1, reserved=1)
+    def measured(room: int) -> SpeculationBudget:
+        budget = SpeculationBudget(None)
+        a = 0.010
+        b = a / (2 * room - 0.5)  # tolerance 0.5 of step(1) = a + b: room (+ 1/4) sequences
+        for i in range(4 * MIN_OBSERVATIONS):
+            n = 1 + i % 8
+            budget.observe(1, a + b * n, n)
+        budget.add_head(1)
+        assert budget.available() == room
+        return budget
+
+    four_tries = measured(8)  # two proposals of four sequences
+    assert four_tries.try_acquire(4, reserved=8)  # half of what is left may be held back
+    assert not four_tries.try_acquire(4, reserved=8)  # the rest is kept for earlier proposals
+    assert four_tries.try_acquire(4, reserved=0)
+    # One or two sequences are never held idle for a proposal that cannot go yet.
+    assert measured(1).try_acquire(1, reserved=4)
+    two = measured(2)
+    assert two.try_acquire(1, reserved=4) and two.try_acquire(1, reserved=4)
     unmeasured = SpeculationBudget(None)
-    unmeasured.add_head(1)
+    unmeasured.add_head(4)
     # No fit yet: the slow start grows only with proposals in flight, so nothing is kept back.
-    assert unmeasured.try_acquire(1, reserved=4)
+    assert unmeasured.try_acquire(4, reserved=16)
 
 
 class _WholeProposals:
