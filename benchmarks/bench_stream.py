@@ -36,6 +36,7 @@ import httpx
 from backends import EngineSpec, create_engine
 from presto_client.core.runners import ChainResult, chain_budget, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.core.speculation import DEFAULT_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_ARMS = ("sequential", "bfs", "predictive", "crn", "stream")
@@ -140,10 +141,12 @@ async def run_block(
     chains: int,
     seed: int,
     spec_kw: dict[str, Any],
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> Block:
     engine = create_engine(EngineSpec("vllm", (base_url,), **spec_kw))
     # One budget for the block's chains, as the engine's owner holds one per replica in a job.
     budget = chain_budget(engine)
+    budget.tolerance = tolerance  # an engine's speculation_tolerance in a job config
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as control:
         await control.post("/stats/reset")
 
@@ -352,7 +355,15 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     for p, prompt in enumerate(prompts):
         for arm in arms:
             block = await run_block(
-                base_url, arm, p, prompt, sampler, args.chains, args.seed + 1000 * p, spec_kw
+                base_url,
+                arm,
+                p,
+                prompt,
+                sampler,
+                args.chains,
+                args.seed + 1000 * p,
+                spec_kw,
+                args.speculation_tolerance,
             )
             blocks.append(block)
             if partial is not None:  # what a killed run leaves behind
@@ -410,6 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--arms", default=",".join(ALL_ARMS))
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument(
+        "--speculation-tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help="the engine's speculation_tolerance: how much speculative proposals may slow a "
+        f"decode step (default {DEFAULT_TOLERANCE})",
+    )
     parser.add_argument("--vocab-size", type=int, default=64)
     parser.add_argument(
         "--max-logprobs",

@@ -41,6 +41,7 @@ from backends.registry import BUILTIN_BACKENDS, available_backends, create_engin
 from backends.spec import EngineSpec
 from presto_client import defaults
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
+from presto_client.core.speculation import DEFAULT_TOLERANCE
 from presto_client.errors import ConfigError
 from presto_client.orchestration.planned import EmbeddedServer, PlannedEngine, ReplicaOpener
 from presto_client.urls import redact_url, split_userinfo
@@ -112,6 +113,15 @@ class EngineConfigBase(StrictModel):
         ge=1,
         description="Most requests in flight to this engine (all replicas together).",
     )
+    speculation_tolerance: float = Field(
+        DEFAULT_TOLERANCE,
+        ge=0,
+        description="How much the speculative proposals of PreSTO's traversals may slow a decode "
+        "step of this engine, as a fraction of the step of the chains' own requests alone (its "
+        "measured cost, per replica). Higher buys speed with the engine's time: MultiTryMH on "
+        "a GPU (four sequences a proposal) gains most; on a CPU every extra sequence costs. "
+        "Never changes a chain, only its speed.",
+    )
     eos_token_id: int | None = Field(
         None,
         description="Token id at which final responses are truncated; null: no truncation "
@@ -161,6 +171,7 @@ class EngineConfigBase(StrictModel):
             name=str(self.name),
             kind=str(getattr(self, "kind", "")),
             max_concurrency=self.max_concurrency,
+            speculation_tolerance=self.speculation_tolerance,
             eos_token_id=self.resolved_eos_token_id(),
             takes_text=self.takes_text,
             probes=self.probes(),

@@ -71,7 +71,9 @@ class OpenedEngine:
             list(replicas),
             e.max_concurrency,
             e.eos_token_id,
-            budgets=[SpeculationBudget(capacity) for _ in replicas],
+            budgets=[
+                SpeculationBudget(capacity, tolerance=e.speculation_tolerance) for _ in replicas
+            ],
             takes_text=e.takes_text,
         )
 

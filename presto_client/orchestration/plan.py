@@ -195,6 +195,7 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
     for e in plan.engines.values():
         lines.append(
             f"  engine {e.name} [{e.kind}] {e.description} max_concurrency={e.max_concurrency}"
+            f" speculation_tolerance={e.speculation_tolerance:g}"
         )
     tau = s.tau if s.tau is not None else 1 / s.alpha
     lines.append(

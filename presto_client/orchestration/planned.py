@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.settings import SamplerConfig
+from presto_client.core.speculation import DEFAULT_TOLERANCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,8 @@ class PlannedEngine:
     opener: ReplicaOpener
     server: EmbeddedServer | LlamaCppServer | None = None
     """A server presto starts for the engine before it opens (``None``: none)."""
+    speculation_tolerance: float = DEFAULT_TOLERANCE
+    """How much speculation may slow a decode step of a replica (its budget's tolerance)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,7 +99,10 @@ class ChainWorker:
                 self.stack.push_async_callback(r.aclose)
             handle = OpenedEngine.of(e, replicas, share.max_concurrency)
             handle.max_concurrency = share.engine_slots[name]
-            handle.budgets = [SpeculationBudget(share.budget_capacity[name]) for _ in replicas]
+            handle.budgets = [
+                SpeculationBudget(share.budget_capacity[name], tolerance=e.speculation_tolerance)
+                for _ in replicas
+            ]
             if self.probe and e.probes:
                 handle.probes = await probe_engine(handle)
             self.opened[name] = handle

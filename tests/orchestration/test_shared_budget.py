@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.core.speculation import SpeculationBudget
+from presto_client.core.speculation import (
+    DEFAULT_TOLERANCE,
+    MIN_OBSERVATIONS,
+    SpeculationBudget,
+)
+from presto_client.errors import ConfigError
 from presto_client.orchestration.config import ReferenceEngineConfig
 from presto_client.orchestration.engines import OpenedEngine
+from presto_client.orchestration.loading import validate_job_config
 from presto_client.orchestration.orchestrator import ChainSpec, EnginePool, Orchestrator
 
 CONFIG = SamplerConfig(block_size=8, steps_per_block=6)
@@ -65,3 +73,30 @@ async def test_a_direct_call_without_a_budget_speculates_on_its_own() -> None:
     alone = await run_chain(engine, [1], CONFIG, traversal="stream")
     assert with_budget.token_ids == alone.token_ids  # a budget changes the speed, not the chain
     assert budget.peak_speculative > 0
+
+
+def test_the_engines_speculation_tolerance_reaches_every_replicas_budget() -> None:
+    """``speculation_tolerance`` (default the budget's own) sizes what the measured cost lets
+    speculate: twice the tolerance, twice the speculative sequences."""
+    default = ReferenceEngineConfig(kind="reference", name="ref")
+    assert default.speculation_tolerance == DEFAULT_TOLERANCE
+    e = ReferenceEngineConfig(kind="reference", name="ref", speculation_tolerance=2.0)
+    replicas = [ReferenceEngine(ReferenceModel(4)) for _ in range(2)]
+    opened = OpenedEngine.of(e.planned(0), replicas, job_max_concurrency=1000)
+    assert [b.tolerance for b in opened.budgets] == [2.0, 2.0]
+    low = OpenedEngine.of(default.planned(0), replicas[:1], job_max_concurrency=1000).budgets[0]
+    for budget in (low, opened.budgets[0]):
+        for i in range(4 * MIN_OBSERVATIONS):
+            n = 1 + i % 8
+            budget.observe(1, 0.010 + 0.0001 * n, n)  # a GPU-like cost: a = 100 b
+    assert low.cost_limit() == pytest.approx(DEFAULT_TOLERANCE * 101)
+    assert opened.budgets[0].cost_limit() == pytest.approx(2.0 * 101)
+
+
+def test_a_negative_speculation_tolerance_is_refused_with_its_place() -> None:
+    config = {
+        "engines": [{"kind": "reference", "speculation_tolerance": -1}],
+        "prompts": {"token_ids": [[1, 2]]},
+    }
+    with pytest.raises(ConfigError, match=r"engines\[0\]\.speculation_tolerance"):
+        validate_job_config(config)
