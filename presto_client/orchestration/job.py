@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,6 +271,7 @@ async def _run_chains(
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
         check_lengths(plan, engines, prompt_ids)
+        arms_per_engine = Counter(a.engine for a in plan.arms)
         specs = [
             ChainSpec(
                 chain_id=c.chain_id,
@@ -285,6 +287,7 @@ async def _run_chains(
                 predictor=plan.predictor,
                 replica_key=f"p{c.prompt_index}/c{c.chain_index}",
                 routing_key=routing_key(plan.fingerprint, f"p{c.prompt_index}/c{c.chain_index}"),
+                warm_prompt=arms_per_engine[c.arm.engine] > 1,
             )
             for c in todo
         ]
