@@ -20,8 +20,15 @@ Until the cost is measured, speculation grows with the evidence of what it costs
 speculative sequence, plus one per observation made with more than one sequence in flight (a
 slow start: a compute-bound engine shows its cost before a chain fills its slots, and a
 latency-bound one yields dozens of such observations in its first tokens; observations of a
-lone sequential chain say nothing about the slope). A flat fit opens the bound; a steep one
-pulls speculation back towards the sequential chain. The window in the config stays a cap.
+lone sequential chain say nothing about the slope). The slow start is also capped by a
+provisional fit of the few observations so far, so a compute-bound engine whose first loaded
+steps already cost several times a lone one stops it there (llama.cpp on one thread: 100-250 ms
+a token with 2-4 sequences against 25 ms alone, while the count alone let a chain's window grow
+to 6). A flat fit opens the bound; a steep one pulls speculation back towards the sequential
+chain. The window in the config stays a cap.
+
+The fit also prices each speculative proposal (:meth:`SpeculationBudget.marginal_cost`): the
+stream traversal issues one only while it is at least that likely to be used.
 Nothing here changes a decision: which proposals are in flight never affects the law of the
 chain (method §4), only its speed.
 """
@@ -39,6 +46,8 @@ DEFAULT_TOLERANCE = 0.5
 MIN_OBSERVATIONS = 16
 """Samples (inter-chunk times of streams, whole requests of the other runners) before the cost
 fit is trusted; it also needs them at more than one load."""
+PROVISIONAL_OBSERVATIONS = 4
+"""Samples (at more than one load) before the fit may cap the slow start (never open it)."""
 FORGETTING = 0.995
 """Per-sample decay of the least-squares sums (recent load counts most)."""
 ROUND_VALUE_FORGETTING = 0.95
@@ -68,9 +77,10 @@ class _CostFit:
         self.sxy = self.sxy * decay + weight * n * seconds
         self.count += 1
 
-    def coefficients(self) -> tuple[float, float] | None:
-        """``(a, b)``, or ``None`` while the samples cannot separate them."""
-        if self.count < MIN_OBSERVATIONS or self.w <= 0:
+    def coefficients(self, minimum: int = MIN_OBSERVATIONS) -> tuple[float, float] | None:
+        """``(a, b)``, or ``None`` before ``minimum`` samples or while they cannot separate
+        them."""
+        if self.count < minimum or self.w <= 0:
             return None
         mean_x = self.sx / self.w
         var_x = self.sxx / self.w - mean_x * mean_x
@@ -120,12 +130,33 @@ class SpeculationBudget:
             return math.inf
         fit = self._fit.coefficients()
         if fit is None:
-            return float(1 + self._loaded_observations)
-        a, b = fit
+            slow_start = float(1 + self._loaded_observations)
+            early = self._fit.coefficients(PROVISIONAL_OBSERVATIONS)
+            return slow_start if early is None else min(slow_start, self._tolerated(*early))
+        return self._tolerated(*fit)
+
+    def _tolerated(self, a: float, b: float) -> float:
         if b <= 0:
             return math.inf  # flat (latency-bound): speculation costs the others nothing
         base = max(a + b * max(self.heads, 1), 1e-12)
         return self.tolerance * base / b
+
+    def marginal_cost(self, sequences: int = 1) -> float:
+        """How much ``sequences`` more slow each decode step, relative to a step of what is in
+        flight now (at least one sequence): ``b·sequences / step(in flight)``; 0 until the cost
+        is measured, and on a flat engine.
+
+        It is the least probability of being used at which a speculative proposal pays for
+        itself: each of its steps makes every sequence in flight that much slower, while it
+        saves its own time only if the walk uses it. On a GPU this is ~0 (every proposal the
+        window holds is worth sending); on a compute-bound engine serving one chain it is large
+        (llama.cpp on one thread: ~0.45), and only proposals no earlier transition is likely to
+        rewrite go out."""
+        fit = self._fit.coefficients() if self.adaptive else None
+        if fit is None or fit[1] <= 0:
+            return 0.0
+        a, b = fit
+        return b * sequences / max(a + b * max(self.in_flight, 1), 1e-12)
 
     def best_size(self, expected: list[float], per: int = 1) -> int:
         """The number of proposals ``m`` (1 ≤ m ≤ ``len(expected)``) that maximises a round's

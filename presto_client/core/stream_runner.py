@@ -245,6 +245,7 @@ class StreamRunner(StreamBranches):
         last = steps if self.window is None else min(self.window - 1, steps)
         per = self.kernel.sequences_per_proposal
         partial = state.extend(join_chunks(extension.chunks[0]))
+        floor = self._survival_floor(per)
         threats: list[int] = []
         reserved = 0
         for j in range(last):
@@ -257,7 +258,7 @@ class StreamRunner(StreamBranches):
             )
             survival = self._survival(threats, cut)
             threats.append(cut)
-            if survival < SURVIVAL_FLOOR:
+            if survival < floor:
                 continue
             if not self._ready(cut, partial.length):
                 # Its prefix is not in yet: a later chunk brings it. Its slots are kept for it,
@@ -267,6 +268,13 @@ class StreamRunner(StreamBranches):
             if not self.budget.try_acquire(per, reserved):
                 break  # the engine's budget is spent
             window[j] = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
+
+    def _survival_floor(self, sequences: int) -> float:
+        """How likely a speculative proposal of ``sequences`` must be to be used for it to be
+        issued: :data:`SURVIVAL_FLOOR`, or what it costs the sequences in flight if more
+        (:meth:`SpeculationBudget.marginal_cost`: on a compute-bound engine a proposal an
+        earlier accept likely rewrites slows the walk's head for nothing)."""
+        return max(SURVIVAL_FLOOR, self.budget.marginal_cost(sequences))
 
     async def _walk(
         self, state: ChainState, block: int, k: int, window: dict[int, InFlight]
@@ -307,6 +315,7 @@ class StreamRunner(StreamBranches):
         if m not in window:
             window[m] = self._issue(state, block, m, HEAD)
         per_proposal = self.kernel.sequences_per_proposal
+        floor = self._survival_floor(per_proposal)
         threats = [window[m].cut]
         for j in range(m + 1, self._last(m, steps)):
             flight = window.get(j)
@@ -316,7 +325,7 @@ class StreamRunner(StreamBranches):
             cut = self.kernel.cut(state, self._transition_draws(block, j).u_cut)
             survival = self._survival(threats, cut)
             threats.append(cut)
-            if survival < SURVIVAL_FLOOR:
+            if survival < floor:
                 continue  # likely rewritten before its turn: issued when the walk is nearer
             if not self.budget.try_acquire(per_proposal):
                 break  # the engine's budget is spent: speculate less, never out of order

@@ -344,6 +344,39 @@ def test_an_unmeasured_budget_grows_speculation_with_observations_under_load() -
     assert fresh.try_acquire(5) and not fresh.try_acquire(1)
 
 
+def test_a_steep_first_cost_stops_the_slow_start() -> None:
+    """Before the fit is trusted (16 samples) the slow start grows with each observation under
+    load, unless the few observations so far already show every sequence costing more than the
+    tolerance allows (llama.cpp on one thread: 100-250 ms a token with two or three sequences
+    in flight, 25 ms alone); on a flat engine it grows as before."""
+    steep, flat = SpeculationBudget(None), SpeculationBudget(None)
+    for budget in (steep, flat):
+        budget.add_head(1)
+        for _ in range(8):
+            budget.observe(8, 0.2, 1)  # 25 ms a token alone
+    steep.observe(8, 2.0, 2)
+    steep.observe(8, 0.8, 3)
+    flat.observe(8, 0.21, 2)
+    flat.observe(8, 0.2, 3)
+    assert steep.fitted() is None and flat.fitted() is None
+    assert flat.available() == 3  # one, plus one per observation under load
+    assert steep.available() == 0
+    # The provisional fit only caps the slow start, never opens it past the count.
+    cheap = SpeculationBudget(None)
+    for n in (1, 1, 2, 3):
+        cheap.observe(8, 0.2 - 0.01 * n, n)
+    assert cheap.fitted() is None and cheap.available() == 3
+
+
+def test_the_marginal_cost_prices_a_speculative_proposal() -> None:
+    steep = _fitted_budget(0.010, 0.015)
+    assert steep.marginal_cost(1) == pytest.approx(0.015 / 0.025)  # nothing in flight: one
+    steep.add_head(3)
+    assert steep.marginal_cost(4) == pytest.approx(4 * 0.015 / 0.055)
+    assert _fitted_budget(0.007, 0.0).marginal_cost(4) == 0.0  # a flat engine: free
+    assert SpeculationBudget(None).marginal_cost(1) == 0.0  # not measured yet
+
+
 def test_an_unmeasured_budget_lets_one_proposal_of_several_sequences_start() -> None:
     """MultiTryMH's proposal is one sequence per try: the slow start lets one such proposal go
     out (its observations are the evidence), not a second, and never past the engine's slots."""

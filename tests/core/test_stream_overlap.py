@@ -332,6 +332,46 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     assert 1 < engine.peak < 30
 
 
+async def test_on_a_compute_bound_engine_only_proposals_likely_used_go_out() -> None:
+    """Each speculative sequence slows every step by ``b/step(in flight)``: on an engine where
+    that is 0.6 (a CPU serving one chain) a proposal goes out only if it is at least that likely
+    to be used (here: at most one earlier transition at a smaller cut, 0.7 with the prior
+    acceptance rate 0.3), while a flat engine sends every proposal over the survival floor; the
+    cost limit is opened wide so that only this rule sizes the window."""
+
+    tokens = [i % 10 for i in range(40)]
+    state = ChainState((1,), ScoredTokens.exact(tokens, [-1.0] * 40, np.full((40, 1), -0.5)))
+
+    async def refilled(a: float, b: float) -> tuple[float, dict[int, InFlight], StreamRunner]:
+        budget = _fitted(a, b)
+        budget.tolerance = 1e6
+        model = ReferenceModel(10, seed=3)
+        config = SamplerConfig(block_size=40, steps_per_block=30)
+        runner = StreamRunner(ReferenceEngine(model), config, 1, None, budget=budget)
+        floor = runner._survival_floor(1)  # as the refill sees it: the head alone in flight
+        window: dict[int, InFlight] = {}
+        runner._refill(window, state, 0, 0, 30)
+        return floor, window, runner
+
+    steep_floor, steep, steep_runner = await refilled(0.01, 0.015)
+    flat_floor, flat, flat_runner = await refilled(0.01, 0.0)
+    assert steep_floor == pytest.approx(0.6) and flat_floor == stream_runner.SURVIVAL_FLOOR
+    for floor, window, runner in (
+        (steep_floor, steep, steep_runner),
+        (flat_floor, flat, flat_runner),
+    ):
+        cuts = [window[0].cut]
+        for j in range(1, 30):
+            draws = runner._transition_draws(0, j)
+            cut = window[j].cut if j in window else runner.kernel.cut(state, draws.u_cut)
+            assert (j in window) == (runner._survival(cuts, cut) >= floor), j
+            cuts.append(cut)
+        for flight in window.values():
+            runner._close(flight)
+        await runner._drain()
+    assert 1 < len(steep) < len(flat)
+
+
 async def test_a_transition_whose_prefix_is_not_in_keeps_its_slots(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
