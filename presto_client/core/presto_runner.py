@@ -92,7 +92,8 @@ class PrestoRunner(ChainRunner):
         # The predictor's promise, scaled by what the walks on this engine realised.
         scale = self.budget.value_scale(self.traversal)
         expected = [1.0 + scale * (e - 1.0) for e in itertools.accumulate(reach)]
-        m = self.budget.best_size(expected, self.kernel.sequences_per_proposal)
+        lengths = [max(r.num_tokens for r in p.requests) for p in plan.proposals]
+        m = self.budget.best_size(expected, self.kernel.sequences_per_proposal, lengths)
         if logger.isEnabledFor(logging.DEBUG):  # (the fit is solved for the message only)
             logger.debug(
                 "%s round: %d of %d proposals (expected %.2f of %.2f transitions, value scale "

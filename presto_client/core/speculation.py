@@ -158,28 +158,38 @@ class SpeculationBudget:
         a, b = fit
         return b * sequences / max(a + b * max(self.in_flight, 1), 1e-12)
 
-    def best_size(self, expected: list[float], per: int = 1) -> int:
+    def best_size(
+        self, expected: list[float], per: int = 1, lengths: list[int] | None = None
+    ) -> int:
         """The number of proposals ``m`` (1 ≤ m ≤ ``len(expected)``) that maximises a round's
-        expected transitions per second, ``expected[m−1] / step(others + m·per)``.
+        expected transitions per second,
+        ``expected[m−1] / (longest(m) · step(others + m·per))``.
 
         ``expected[m−1]`` is the expected number of transitions a round of its first ``m``
-        proposals completes (1 for the root alone: the sequential chain). A round lasts about as
-        many decode steps whatever its size, each costing ``step(n) = a + b·n`` with ``n`` the
-        sequences in flight on the engine, so on a compute-bound engine (a CPU: ``b`` large
-        against ``a``) extra proposals must each be likely to be used to pay for themselves,
-        and the round shrinks towards the sequential chain's; on a flat (latency-bound) engine,
-        or before the cost is measured, every proposal is kept.
+        proposals completes (1 for the root alone: the sequential chain). A round lasts as many
+        decode steps as its longest proposal (``lengths``: tokens per proposal; without them,
+        as many whatever its size), each costing ``step(n) = a + b·n`` with ``n`` the sequences
+        in flight on the engine, so on a compute-bound engine (a CPU: ``b`` large against ``a``)
+        extra proposals must each be likely to be used to pay for themselves, and a proposal cut
+        earlier than the others also for the steps it adds to the round; the round shrinks
+        towards the sequential chain's. On a flat (latency-bound) engine, or before the cost is
+        measured, every proposal is kept.
         """
         if not expected:
             raise ValueError("expected must not be empty")
+        if lengths is not None and len(lengths) != len(expected):
+            raise ValueError("lengths must give one length per proposal")
         fit = self._fit.coefficients() if self.adaptive else None
         if fit is None or fit[1] <= 0:
             return len(expected)
         a, b = fit
         others = self.in_flight
         best, best_rate = 1, -math.inf
+        longest = 1
         for m, e in enumerate(expected, start=1):
-            rate = e / max(a + b * (others + m * per), 1e-12)
+            if lengths is not None:
+                longest = max(longest, lengths[m - 1], 1)
+            rate = e / (longest * max(a + b * (others + m * per), 1e-12))
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = m, rate
         return best

@@ -21,8 +21,9 @@ SURVIVAL_FLOOR = 0.1
 """A speculative proposal is issued only while it is this likely to be usable at its turn
 (no earlier transition of the window accepts at a smaller cut, by the chain's acceptance rate so
 far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite
-wait until the walk is nearer. Speed only: which proposals are in flight never changes the
-chain."""
+wait until the walk is nearer. On a compute-bound engine the floor is the proposal's measured
+cost instead, when higher (``StreamRunner._survival_floor``). Speed only: which proposals are in
+flight never changes the chain."""
 BRANCH_FLOOR = 0.5
 """An accept-branch proposal is issued only while it is this likely to be used (its head
 accepts and no transition between rewrites its prefix). Higher than :data:`SURVIVAL_FLOOR`:

@@ -205,7 +205,7 @@ class StreamRunner(StreamBranches):
         block (``m`` onwards) are likely all to reject (it is closed if one accepts)."""
         if self._next is not None or block + 1 >= self.config.num_blocks or not self.overlap:
             return
-        if (1.0 - self._accept_rate()) ** (steps - m) < SURVIVAL_FLOOR:
+        if (1.0 - self._accept_rate()) ** (steps - m) < self._survival_floor(1):
             return  # an accept among the transitions left would likely rewrite the response
         if not self.budget.try_acquire(1):
             return

@@ -491,6 +491,24 @@ def test_best_size_maximises_expected_transitions_per_second() -> None:
     assert busy.best_size(expected) == 4
 
 
+def test_a_round_lasts_as_long_as_its_longest_proposal() -> None:
+    """A round's results arrive with its longest proposal, so a proposal cut earlier than the
+    others must also pay for the steps it adds (the embedded demo's ``predictive`` rounds went to
+    six proposals for 2.2 transitions and lost to the sequential chain)."""
+    budget = _fitted_budget(0.01, 0.001)
+    expected = [1.0, 1.6, 2.0]
+    # step(m) = 11, 12, 13 ms: without lengths the third proposal still pays (2/13 > 1.6/12).
+    assert budget.best_size(expected) == 3
+    # ... but not when it is four times as long as the others: 2/(40·13) < 1.6/(10·12).
+    assert budget.best_size(expected, lengths=[10, 10, 40]) == 2
+    # A long second proposal makes any round longer than the root's alone not worth it.
+    assert budget.best_size(expected, lengths=[10, 40, 10]) == 1
+    assert budget.best_size(expected, lengths=[40, 10, 10]) == 3  # the root's is the longest
+    assert _fitted_budget(0.007, 0.0).best_size(expected, lengths=[1, 50, 50]) == 3  # flat
+    with pytest.raises(ValueError, match="one length per proposal"):
+        budget.best_size(expected, lengths=[10])
+
+
 def test_round_values_calibrate_the_predictors_promise() -> None:
     budget = _fitted_budget(0.01, 0.004)
     assert budget.value_scale("predictive") == 1.0  # no evidence yet
@@ -531,6 +549,32 @@ async def test_a_steep_engine_shrinks_predictive_rounds_to_the_sequential_chain(
     # with the same node draws on every root it is the sequential chain's law (tested in
     # test_exact_law); here both runs finish every transition.
     assert len(sized.transitions) == len(unbounded.transitions) == len(baseline.transitions)
+
+
+async def test_predictive_rounds_are_sized_with_their_proposals_lengths() -> None:
+    """Each round's sizing sees the tokens every planned proposal generates (``T − cut``), in
+    the order the plan keeps them."""
+    from presto_client.core.runners import PrestoRunner
+
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=8, steps_per_block=12)
+    budget = _fitted_budget(0.01, 0.001)
+    seen: list[list[int] | None] = []
+    original = budget.best_size
+
+    def recording(expected: list[float], per: int = 1, lengths: list[int] | None = None) -> int:
+        seen.append(lengths)
+        assert lengths is not None and len(lengths) == len(expected)
+        return original(expected, per, lengths)
+
+    budget.best_size = recording  # type: ignore[method-assign]
+    runner = PrestoRunner(
+        ReferenceEngine(model), config, 2, None, traversal="predictive", n_pf=8, budget=budget
+    )
+    result = await runner.run([1])
+    assert seen and all(lengths and min(lengths) >= 1 and max(lengths) <= 8 for lengths in seen)
+    assert any(len(set(lengths or [])) > 1 for lengths in seen)  # cuts differ within rounds
+    assert len(result.transitions) == 12
 
 
 # ---- the round-based rules walk as results arrive
