@@ -192,11 +192,9 @@ def test_ctrl_c_stops_stream_chains_whose_streams_never_end(
     job = Presto(_stream_job(write_config, server.base_url))
     job.wait_for(lambda: len(_lines(run_dir / "samples.jsonl")) >= 1, "a chain on disk")
     server.faults.stall_streams = True  # from now on every stream sends only keepalives
-    asked = server.stats.requests.get("/v1/completions", 0)
-    job.wait_for(
-        lambda: server.stats.requests.get("/v1/completions", 0) >= asked + 2,
-        "proposals on the stalled server",
-    )
+    # Counted on the server: how many proposals a chain sends besides its head depends on the
+    # engine's measured cost, and a loaded machine may let a chain send its next one early.
+    job.wait_for(lambda: server.stats.stalled_streams >= 2, "proposals on the stalled server")
     elapsed = job.stop(signal.SIGINT)
     assert job.proc.returncode == 130, job.stderr
     done = _check_stopped(run_dir, job.stderr, "interrupted")

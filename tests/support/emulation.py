@@ -114,6 +114,8 @@ class Stats:
     payloads: list[dict[str, Any]] = field(default_factory=list)
     aborted_streams: int = 0
     completed_streams: int = 0
+    stalled_streams: int = 0
+    """Streams started while ``faults.stall_streams`` held (they send only keepalives)."""
     prefix_queries: int = 0
     prefix_hits: int = 0
     stream_ended: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -952,6 +954,8 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
             try:
                 if server.faults.stall_streams:
+                    with server.stats._lock:
+                        server.stats.stalled_streams += 1
                     while not server.stopping.wait(0.1):
                         self.wfile.write(b": keepalive\n\n")
                         self.wfile.flush()
