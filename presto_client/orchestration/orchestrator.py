@@ -266,6 +266,11 @@ class ChainSpec:
     arms of a (prompt, chain) share the engine's prefix cache, so without it the arm run first
     pays the prompt's prefill for the others, and its speedup is skewed by the run order."""
 
+    @property
+    def route_key(self) -> str:
+        """The key the chain's requests are routed by (its routing key, replica key or id)."""
+        return self.routing_key or self.replica_key or self.chain_id
+
 
 @dataclass(slots=True)
 class ChainOutcome:
@@ -387,7 +392,7 @@ class Orchestrator:
         replica = pool.replica_for(spec.replica_key or spec.chain_id)
         engine = pool.replicas[replica]
         if isinstance(engine, Routable):
-            engine = engine.routed(spec.routing_key or spec.replica_key or spec.chain_id)
+            engine = engine.routed(spec.route_key)
         if spec.warm_prompt:
             await self._warm(spec, replica, engine)
         view = LimitedEngine(engine, self.limits.for_engine(spec.engine), self.limits.global_slots)
@@ -446,7 +451,7 @@ class Orchestrator:
 
         A failed warm-up is only logged: the chain makes the same request next and reports
         what is wrong itself."""
-        key = (spec.engine, replica, spec.routing_key or spec.replica_key or spec.chain_id)
+        key = (spec.engine, replica, spec.route_key)
         if key in self._warmed:
             return
         async with self._warm_locks.setdefault(key, asyncio.Lock()):
