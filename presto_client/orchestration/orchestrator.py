@@ -457,6 +457,7 @@ class Orchestrator:
         async with self._warm_locks.setdefault(key, asyncio.Lock()):
             if key in self._warmed:
                 return
+            # A view of its own: the chain's view counts the chain's requests and queueing.
             view = LimitedEngine(
                 engine, self.limits.for_engine(spec.engine), self.limits.global_slots
             )
