@@ -3,6 +3,7 @@ fit-predictor``, and a job that runs the predictive traversal with the refit."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -21,8 +22,10 @@ from presto_client.core.predictor import (
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
 from presto_client.core.settings import SamplerConfig
+from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
+from presto_client.orchestration import engines as job_engines
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.loading import load_job_config
 from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
@@ -130,8 +133,12 @@ async def _run(tmp_path: Path, data: dict[str, object], name: str = "job.yaml") 
 
 
 async def test_fit_predictor_on_a_real_run_dir(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Rounds keep every planned proposal: sized by the in-process engine's timings, a loaded
+    # machine can shrink every predictive round to its root, whose chain is the sequential one.
+    budget = functools.partial(SpeculationBudget, adaptive=False)
+    monkeypatch.setattr(job_engines, "SpeculationBudget", budget)
     run_dir = await _run(tmp_path, _job(tmp_path, ["sequential", "predictive"]))
     run = RunDir(run_dir)
     decisions = read_decisions(run)
