@@ -37,6 +37,7 @@ from backends import EngineSpec, create_engine
 from presto_client.core.runners import ChainResult, chain_budget, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
 from presto_client.core.speculation import DEFAULT_TOLERANCE
+from presto_client.reporting.tables import format_stream_waits
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_ARMS = ("sequential", "bfs", "predictive", "crn", "stream")
@@ -244,6 +245,10 @@ def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
                 "requests_cancelled": sum(b.total("requests_cancelled") for b in mine),
                 "early_rejects": sum(b.total("early_rejects") for b in mine),
                 "tokens_saved_early": sum(b.total("tokens_saved_early") for b in mine),
+                "budget_wait_s": sum(b.total("budget_wait_s") for b in mine),
+                "rewrite_wait_s": sum(b.total("rewrite_wait_s") for b in mine),
+                "floor_wait_s": sum(b.total("floor_wait_s") for b in mine),
+                "budget_refusals": sum(b.total("budget_refusals") for b in mine),
                 "replays_sequential": f"{replays}/{n_chains}",
                 "failed_chains": failed,
                 "throughput_tps": transitions / wall if wall else 0.0,
@@ -286,7 +291,8 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
             f"| {r['server_peak_running']}/{r['server_mean_running']:.1f} "
             f"| {r['server_starved_share']:.1%} | {r['server_dropped_s']:.1f} |"
         )
-    return "\n".join(lines) + "\n"
+    waits = format_stream_waits(rows)
+    return "\n".join(lines) + "\n" + (f"\n{waits}\n" if waits else "")
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> bool:

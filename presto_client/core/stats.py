@@ -69,6 +69,18 @@ class ChainStats:
     """Tokens of early-rejected proposals that were never generated (their stream was closed)."""
     call_wall_s: list[float] = field(default_factory=list)
     """Wall time of every proposal call, in order."""
+    budget_wait_s: float = 0.0
+    """``stream``: time the walk waited for proposals the engine's speculation budget had
+    refused at a refill (part of ``call_wall_s``, as are the two below)."""
+    rewrite_wait_s: float = 0.0
+    """``stream``: time the walk waited for proposals re-issued after an earlier accept rewrote
+    their prefix."""
+    floor_wait_s: float = 0.0
+    """``stream``: time the walk waited for proposals held back as unlikely to be used (the
+    survival floor) until it reached them."""
+    budget_refusals: int = 0
+    """``stream``: refills the engine's speculation budget cut short (proposals left for later
+    although likely enough to be used)."""
     extend_wall_s: float = 0.0
     tighten_wall_s: float = 0.0
     chain_wall_s: float = 0.0
@@ -134,6 +146,10 @@ class ChainStats:
             "requests_cancelled": self.requests_cancelled,
             "early_rejects": self.early_rejects,
             "tokens_saved_early": self.tokens_saved_early,
+            "budget_wait_s": self.budget_wait_s,
+            "rewrite_wait_s": self.rewrite_wait_s,
+            "floor_wait_s": self.floor_wait_s,
+            "budget_refusals": self.budget_refusals,
             "model_call_time_s": self.model_call_time_s,
             "extend_time_s": self.extend_wall_s,
             "chain_wall_s": self.chain_wall_s,

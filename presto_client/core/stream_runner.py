@@ -116,6 +116,12 @@ class StreamRunner(StreamBranches):
         self._open_transitions = 0
         self._open_accepts = 0
         self._open_wall = 0.0
+        self._rewritten: set[int] = set()
+        """Transitions of the block whose in-flight proposal an accept (or a restarted
+        extension) made unusable: if the walk then waits for them, the wait is a rewrite's."""
+        self._refused: set[int] = set()
+        """Transitions of the block that a refill would have issued but the engine's budget
+        refused: a wait for them is the budget's."""
         self._branches: dict[int, tuple[InFlight, dict[int, InFlight]]] = {}
         """Accept branches by the transition whose accept they assume: its proposal, and the
         proposals of later transitions issued from the state that accept would make."""
@@ -128,6 +134,8 @@ class StreamRunner(StreamBranches):
 
     async def _run_block(self, state: ChainState, block: int) -> ChainState:
         window: dict[int, InFlight] = {}
+        self._rewritten.clear()
+        self._refused.clear()
         try:
             state = await self._stream_extension(state, block, window)
         except BaseException:
@@ -226,6 +234,7 @@ class StreamRunner(StreamBranches):
         prefix, or EntropyCut's realised law draws another cut); the walk re-issues it."""
         for j in [j for j, other in window.items() if not self._usable(other, state)]:
             self._close(window.pop(j))
+            self._rewritten.add(j)
             self.stats.requests_cancelled += 1
 
     def _issue_early(
@@ -248,6 +257,7 @@ class StreamRunner(StreamBranches):
         floor = self._survival_floor(per)
         threats: list[int] = []
         reserved = 0
+        refused = False
         for j in range(last):
             flight = window.get(j)
             if flight is not None:
@@ -265,8 +275,13 @@ class StreamRunner(StreamBranches):
                 # since the walk needs it before every later transition.
                 reserved += per
                 continue
-            if not self.budget.try_acquire(per, reserved):
-                break  # the engine's budget is spent
+            if refused or not self.budget.try_acquire(per, reserved):
+                # The engine's budget is spent: nothing more goes out; what would have is
+                # noted, so that a wait for it is counted as the budget's.
+                self.stats.budget_refusals += not refused
+                refused = True
+                self._refused.add(j)
+                continue
             window[j] = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
 
     def _survival_floor(self, sequences: int) -> float:
@@ -285,10 +300,11 @@ class StreamRunner(StreamBranches):
         start_k = m = k
         try:
             while m < steps:
+                reached = m not in window  # issued only now that the walk needs it
                 self._refill(window, state, block, m, steps)
                 head = window.pop(m)
                 self._promote(head)
-                state = await self._transition(state, head, block, window)
+                state = await self._transition(state, head, block, window, reached)
                 head = None
                 m += 1
         finally:
@@ -317,6 +333,7 @@ class StreamRunner(StreamBranches):
         per_proposal = self.kernel.sequences_per_proposal
         floor = self._survival_floor(per_proposal)
         threats = [window[m].cut]
+        refused = False
         for j in range(m + 1, self._last(m, steps)):
             flight = window.get(j)
             if flight is not None:
@@ -327,16 +344,30 @@ class StreamRunner(StreamBranches):
             threats.append(cut)
             if survival < floor:
                 continue  # likely rewritten before its turn: issued when the walk is nearer
-            if not self.budget.try_acquire(per_proposal):
-                break  # the engine's budget is spent: speculate less, never out of order
+            if refused or not self.budget.try_acquire(per_proposal):
+                # The engine's budget is spent: speculate less, never out of order; what would
+                # have gone out is noted, so that a wait for it is counted as the budget's.
+                self.stats.budget_refusals += not refused
+                refused = True
+                self._refused.add(j)
+                continue
             window[j] = self._issue(state, block, j, SPECULATIVE, cut=cut)
         if all(j in window for j in range(m, steps)):
             self._speculate_next(state, block, m, steps)
 
     async def _transition(
-        self, state: ChainState, flight: InFlight, block: int, window: dict[int, InFlight]
+        self,
+        state: ChainState,
+        flight: InFlight,
+        block: int,
+        window: dict[int, InFlight],
+        reached: bool = False,
     ) -> ChainState:
+        """Decide ``flight``'s transition; ``reached``: its proposal was issued only when the
+        walk got to it (see :meth:`_count_wait`)."""
         verdict, waited = await self._await_decision(state, flight, block, window)
+        if waited is not None:
+            self._count_wait(flight.k, waited, reached)
         if verdict is not None:  # early rejection: close the rest of the proposal
             saved = self._close(flight)
             self.stats.early_rejects += 1
@@ -353,6 +384,7 @@ class StreamRunner(StreamBranches):
                 state = self.kernel.accept(state, flight.cut, proposals, verdict)
                 for j in [j for j, other in window.items() if not self._usable(other, state)]:
                     self._close(window.pop(j))
+                    self._rewritten.add(j)
                     self.stats.requests_cancelled += 1
                 self._drop_next(state)
         self._settle_branch(window, state, flight, verdict.accepted)
@@ -363,6 +395,20 @@ class StreamRunner(StreamBranches):
         self._open_accepts += int(verdict.accepted)
         self._open_wall += waited or 0.0
         return state
+
+    def _count_wait(self, k: int, waited: float, reached: bool) -> None:
+        """Why the walk waited ``waited`` seconds for transition ``k``'s proposal: an earlier
+        accept rewrote the one in flight (only an accept branch avoids that); the engine's
+        budget refused it at a refill (a user can buy that back with the engine's
+        ``speculation_tolerance`` where the engine is latency-bound); it was held back as
+        unlikely to be used until the walk reached it (the survival floor); or it was in flight
+        in time and still generating (the rest of ``call_wall_s``)."""
+        if k in self._rewritten:
+            self.stats.rewrite_wait_s += waited
+        elif k in self._refused:
+            self.stats.budget_wait_s += waited
+        elif reached:
+            self.stats.floor_wait_s += waited
 
     def _flush(self, block: int) -> None:
         """Record the open call: one wait of the walk and the transitions decided after it

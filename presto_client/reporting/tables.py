@@ -115,12 +115,50 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
         cells = _cells(arm)
         rows.append([cells[k] for _, k in _TABLE_COLUMNS])
     table = render_table(header, rows)
+    waits = format_stream_waits(arms)
+    if waits:
+        table += "\n\n" + waits
     quality = summary.get("quality")
     if quality:
         table += "\n\nAnswer quality (graded):\n" + format_quality_table(
             quality, [str(a["arm"]) for a in arms]
         )
     return table
+
+
+BUDGET_WAIT_HINT_SHARE = 0.1
+"""Above this share of a ``stream`` arm's waits spent on proposals the engine's budget refused,
+the summary suggests a higher ``speculation_tolerance``."""
+
+
+def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
+    """Why each ``stream`` arm's walk waited (see ``StreamRunner._count_wait``), with a hint
+    when the engine's speculation budget caused much of it: a latency-bound engine (a GPU) can
+    take more speculation than the default tolerance allows, a compute-bound one cannot."""
+    lines: list[str] = []
+    for arm in arms:
+        waited = float(arm.get("model_call_time_s") or 0.0)
+        if arm.get("traversal") != "stream" or waited <= 0:
+            continue
+        causes = {
+            key: float(arm.get(key) or 0.0)
+            for key in ("budget_wait_s", "rewrite_wait_s", "floor_wait_s")
+        }
+        in_flight = max(waited - sum(causes.values()), 0.0)
+        lines.append(
+            f"{arm.get('arm')}: the walk waited {waited:.2f} s: "
+            f"{causes['budget_wait_s']:.2f} s for proposals the engine's speculation budget "
+            f"refused, {causes['rewrite_wait_s']:.2f} s for proposals an earlier accept rewrote, "
+            f"{causes['floor_wait_s']:.2f} s for proposals held back as unlikely, "
+            f"{in_flight:.2f} s for proposals still generating"
+        )
+        if causes["budget_wait_s"] >= BUDGET_WAIT_HINT_SHARE * waited:
+            lines.append(
+                "  the budget binds: on a latency-bound engine (a GPU) a higher "
+                "speculation_tolerance on the engine (and max_concurrency) buys this back; "
+                "on a compute-bound one (a CPU) more speculation slows every chain"
+            )
+    return "\n".join(lines)
 
 
 def _decimals(*values: float | None) -> int:

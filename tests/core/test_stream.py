@@ -466,6 +466,43 @@ async def test_a_spent_budget_makes_the_stream_chain_sequential() -> None:
     assert result.stats.requests_cancelled == 0
 
 
+@pytest.mark.parametrize("sampler", SAMPLERS)
+async def test_the_walks_waits_are_told_apart_by_their_cause(sampler: str) -> None:
+    """Without room for speculation every wait is the budget's (or the survival floor's); with
+    an unlimited budget none is, and the accepts' rewrites show; the causes never sum past the
+    walk's waits."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(sampler=sampler, block_size=8, steps_per_block=16)
+    rewrites = 0.0
+    for seed in range(3):
+        spent = await StreamRunner(
+            JitteryEngine(ReferenceEngine(model), seed=seed),
+            config,
+            seed,
+            None,
+            budget=SpeculationBudget(1, adaptive=False),
+        ).run([1])
+        s = spent.stats
+        assert s.budget_refusals > 0 and s.requests_issued == 16
+        assert s.rewrite_wait_s == 0.0 and s.budget_wait_s > 0.0
+        # Every wait is for a proposal the walk issued itself: one the budget refused, or one
+        # too unlikely to be used to be put to it at all.
+        assert math.isclose(s.budget_wait_s + s.floor_wait_s, sum(s.call_wall_s))
+        free = await StreamRunner(
+            JitteryEngine(ReferenceEngine(model), seed=seed),
+            config,
+            seed,
+            None,
+            budget=SpeculationBudget(None, adaptive=False),
+        ).run([1])
+        f = free.stats
+        assert f.budget_refusals == 0 and f.budget_wait_s == 0.0
+        assert f.rewrite_wait_s + f.floor_wait_s <= sum(f.call_wall_s) + 1e-9
+        assert free.full_token_ids == spent.full_token_ids
+        rewrites += f.rewrite_wait_s
+    assert rewrites > 0  # an accept rewrote a proposal in flight, and the walk waited for it
+
+
 def _fitted_budget(a: float, b: float) -> SpeculationBudget:
     budget = SpeculationBudget(None)
     for i in range(4 * MIN_OBSERVATIONS):
