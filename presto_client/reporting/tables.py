@@ -127,8 +127,9 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
 
 
 BUDGET_WAIT_HINT_SHARE = 0.1
-"""Above this share of a ``stream`` arm's waits spent on proposals the engine's budget refused,
-the summary suggests a higher ``speculation_tolerance``."""
+"""Above this share of a ``stream`` arm's waits spent on proposals the engine's budget refused
+(and more than on proposals held back as unlikely), the summary suggests a higher
+``speculation_tolerance``."""
 
 
 def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
@@ -152,7 +153,11 @@ def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
             f"{causes['floor_wait_s']:.2f} s for proposals held back as unlikely, "
             f"{in_flight:.2f} s for proposals still generating"
         )
-        if causes["budget_wait_s"] >= BUDGET_WAIT_HINT_SHARE * waited:
+        # More waited for what the budget refused than for what the survival floor (on a
+        # compute-bound engine, the measured cost of a proposal) held back: the tolerance, not
+        # the engine's cost, is what binds.
+        budget = causes["budget_wait_s"]
+        if budget >= BUDGET_WAIT_HINT_SHARE * waited and budget > causes["floor_wait_s"]:
             lines.append(
                 "  the budget binds: on a latency-bound engine (a GPU) a higher "
                 "speculation_tolerance on the engine (and max_concurrency) buys this back; "
