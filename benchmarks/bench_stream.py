@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from backends import EngineSpec, create_engine
+from presto_client.core.kernels import make_kernel
 from presto_client.core.runners import ChainResult, chain_budget, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
 from presto_client.core.speculation import DEFAULT_TOLERANCE
@@ -340,9 +341,11 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
             arms.append(Arm(name, 1))
         else:
             arms.extend(Arm(name, n) for n in args.n_pf)
-    # An uncapped window may keep every transition of the block in flight.
+    # An uncapped window may keep every transition of the block in flight, each proposal with
+    # its sequences (MultiTryMH: one request per try).
     sizes = [n for n in args.n_pf if n is not None]
-    max_conc = args.max_concurrency or max(32, args.chains * max([*sizes, args.K]))
+    per = make_kernel(sampler).sequences_per_proposal
+    max_conc = args.max_concurrency or max(32, args.chains * max([*sizes, args.K]) * per)
     spec_kw = {"top_k": args.top_k, "max_concurrency": max_conc, "request_timeout_s": 3600.0}
     probe = create_engine(EngineSpec("vllm", (base_url,), **spec_kw))
     try:
@@ -426,7 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--arms", default=",".join(ALL_ARMS))
     parser.add_argument("--top-k", type=int, default=20)
-    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="requests in flight to the server (default: room for every transition's proposal, "
+        "max(32, chains x max(W, K) x sequences per proposal))",
+    )
     parser.add_argument(
         "--speculation-tolerance",
         type=float,

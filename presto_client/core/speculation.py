@@ -28,7 +28,11 @@ to 6). A flat fit opens the bound; a steep one pulls speculation back towards th
 chain. The window in the config stays a cap.
 
 The fit also prices each speculative proposal (:meth:`SpeculationBudget.marginal_cost`): the
-stream traversal issues one only while it is at least that likely to be used.
+stream traversal issues one only while it is at least that likely to be used. Past the
+tolerance, a proposal still goes out when it raises the engine's expected useful work per
+second even if every proposal in flight were certain to be used
+(:meth:`SpeculationBudget.worth_past_the_tolerance`): on a GPU the tolerance is then no longer
+what bounds proposals of several sequences (MultiTryMH), and on a CPU it changes little.
 Nothing here changes a decision: which proposals are in flight never affects the law of the
 chain (method §4), only its speed.
 """
@@ -217,9 +221,11 @@ class SpeculationBudget:
         free = min(self._room(), limit)
         return 0 if free <= 0 else (int(free) if math.isfinite(free) else 1 << 30)
 
-    def try_acquire(self, sequences: int, reserved: int = 0) -> bool:
+    def try_acquire(self, sequences: int, reserved: int = 0, used: float | None = None) -> bool:
         """Take ``sequences`` speculative slots, leaving ``reserved`` of those available for
         proposals that come first but cannot be issued yet (see :meth:`StreamRunner._issue_early`).
+        ``used``: how likely the proposal is to be used; past the tolerance it still goes out
+        if that pays (:meth:`worth_past_the_tolerance`).
         The reservation holds only once the cost is measured (before that, the slow start grows
         only with proposals in flight), and for at most :data:`RESERVE_SHARE` of the sequences
         still available. The proposals that can start now are the early-cut ones, the longest,
@@ -233,11 +239,37 @@ class SpeculationBudget:
         if self._fit.coefficients() is None:
             reserved = 0
         reserved = min(reserved, int(available * RESERVE_SHARE))
-        if available - reserved < sequences and not self._slow_start_opens(sequences):
+        if (
+            available - reserved < sequences
+            and not self._slow_start_opens(sequences)
+            and not (used is not None and self.worth_past_the_tolerance(sequences, used))
+        ):
             return False
         self.speculative += sequences
         self.peak_speculative = max(self.peak_speculative, self.speculative)
         return True
+
+    def worth_past_the_tolerance(self, sequences: int, used: float) -> bool:
+        """Whether a speculative proposal of ``sequences`` that is ``used`` likely to be used
+        raises the engine's expected useful work per second although the tolerance is spent:
+        ``used ≥ b·n / step(n)``, with ``n`` the sequences in flight once it is added.
+
+        Counting every proposal in flight as certain to be used (so never over-rating this one
+        against them), adding it raises ``proposals used / step(n)`` iff its probability of use
+        is at least the share of a decode step the sequences in flight cost over the step's
+        fixed part. On a latency-bound engine (a GPU: ``b·n`` small against ``a``) proposals
+        likely enough to be used go out past the tolerance (MultiTryMH, four sequences a
+        proposal, was held to about ten at the default tolerance); on a compute-bound one
+        (a CPU) the share is high from the second sequence on, so it changes little. Needs the
+        fitted cost and free slots."""
+        fit = self._fit.coefficients() if self.adaptive else None
+        if fit is None or self._room() < sequences:
+            return False
+        a, b = fit
+        if b <= 0:
+            return True
+        n = self.in_flight + sequences
+        return used >= b * n / max(a + b * n, 1e-12)
 
     def _slow_start_opens(self, sequences: int) -> bool:
         """The slow start's first step is one proposal, whatever its sequences: counted in

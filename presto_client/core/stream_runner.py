@@ -275,7 +275,7 @@ class StreamRunner(StreamBranches):
                 # since the walk needs it before every later transition.
                 reserved += per
                 continue
-            if refused or not self.budget.try_acquire(per, reserved):
+            if refused or not self.budget.try_acquire(per, reserved, survival):
                 # The engine's budget is spent: nothing more goes out; what would have is
                 # noted, so that a wait for it is counted as the budget's.
                 self.stats.budget_refusals += not refused
@@ -344,7 +344,7 @@ class StreamRunner(StreamBranches):
             threats.append(cut)
             if survival < floor:
                 continue  # likely rewritten before its turn: issued when the walk is nearer
-            if refused or not self.budget.try_acquire(per_proposal):
+            if refused or not self.budget.try_acquire(per_proposal, used=survival):
                 # The engine's budget is spent: speculate less, never out of order; what would
                 # have gone out is noted, so that a wait for it is counted as the budget's.
                 self.stats.budget_refusals += not refused

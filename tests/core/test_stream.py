@@ -377,6 +377,33 @@ def test_the_marginal_cost_prices_a_speculative_proposal() -> None:
     assert SpeculationBudget(None).marginal_cost(1) == 0.0  # not measured yet
 
 
+def test_a_proposal_likely_enough_to_be_used_goes_out_past_the_tolerance() -> None:
+    """Past the tolerance a proposal still goes out iff its probability of use is at least
+    ``b·n/step(n)`` (``n``: the sequences in flight with it): on a GPU-like fit that admits
+    likely MultiTryMH proposals, on a compute-bound one hardly anything, never past the slots."""
+    gpu = _fitted_budget(0.006, 0.00008)
+    gpu.add_head(4)
+    while gpu.try_acquire(4):  # up to the tolerance: 0.5·step(4)/b ≈ 39 sequences
+        pass
+    assert gpu.speculative == 36
+    share = 0.00008 * 44 / (0.006 + 0.00008 * 44)  # 0.37
+    assert not gpu.try_acquire(4, used=share - 0.01)
+    assert gpu.try_acquire(4, used=share + 0.01) and gpu.speculative == 40
+    assert not gpu.try_acquire(4)  # without a probability, the tolerance holds as before
+
+    cpu = _fitted_budget(0.018, 0.015)
+    cpu.add_head(1)
+    assert cpu.try_acquire(1) and not cpu.try_acquire(1)  # tolerance: 0.5·0.033/0.015 = 1.1
+    assert not cpu.try_acquire(1, used=0.7)  # b·3/step(3) = 0.71
+    assert cpu.try_acquire(1, used=0.75)
+
+    full = _fitted_budget(0.006, 0.00008)
+    full.capacity = 8
+    full.add_head(4)
+    assert full.try_acquire(4, used=1.0) and not full.try_acquire(1, used=1.0)  # no slot left
+    assert not SpeculationBudget(None).worth_past_the_tolerance(1, 1.0)  # not measured yet
+
+
 def test_an_unmeasured_budget_lets_one_proposal_of_several_sequences_start() -> None:
     """MultiTryMH's proposal is one sequence per try: the slow start lets one such proposal go
     out (its observations are the evidence), not a second, and never past the engine's slots."""
