@@ -303,7 +303,9 @@ async def test_without_a_cap_the_window_reaches_every_remaining_transition(
 
 async def test_a_steep_engine_cost_pulls_the_window_back() -> None:
     """On a compute-bound engine (every sequence costs as much as the step's base) the budget
-    allows ``tolerance·step(1)/b`` = 1 speculative sequence: the window stays small."""
+    allows ``tolerance·step(1)/b`` = 1 speculative sequence, and past it only proposals at least
+    ``b·n/step(n)`` likely to be used (75 % for a second, 80 % for a third): the window stays
+    small (it reaches every remaining transition on a flat one, the test above)."""
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
     engine = _Counting(model)
@@ -311,8 +313,8 @@ async def test_a_steep_engine_cost_pulls_the_window_back() -> None:
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
     result = await StreamRunner(engine, config, 1, None, window=None, budget=budget).run([1])
     assert result.full_token_ids == baseline.full_token_ids
-    assert budget.peak_speculative <= 1
-    assert engine.peak <= 2
+    assert budget.peak_speculative <= 2
+    assert engine.peak <= 3
 
 
 async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
