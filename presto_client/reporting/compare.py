@@ -22,6 +22,7 @@ from presto_client.reporting.tables import (
     format_compact_side_by_side,
     format_equivalence_details,
     format_speedup_per_prompt,
+    format_stream_waits,
     render_table,
 )
 
@@ -106,6 +107,9 @@ def format_comparison(
     per_prompt = format_speedup_per_prompt(summary)
     if per_prompt:
         parts.append(per_prompt)
+    waits = format_stream_waits(summary.get("arms", []))
+    if waits:
+        parts.append(waits)
     shown = [str(a["arm"]) for a in summary.get("arms", [])]
     quality = {a: q for a, q in (summary.get("quality") or {}).items() if a in shown}
     if quality:  # graded runs only

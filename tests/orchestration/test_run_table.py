@@ -69,3 +69,11 @@ def test_the_table_says_why_the_stream_walk_waited_and_when_the_budget_binds() -
     g = next(i for i, line in enumerate(lines) if line.startswith("g/stream: the walk waited"))
     assert g == len(lines) - 1  # no hint
     assert not any(line.startswith("e/sequential:") for line in lines)
+
+
+def test_presto_compare_says_why_the_stream_walk_waited_too() -> None:
+    from presto_client.reporting.compare import format_comparison
+
+    arm = _arm("e/stream", budget_wait_s=1.2, rewrite_wait_s=20.3, budget_refusals=3)
+    text = format_comparison({"arms": [_arm("e/sequential"), arm]})
+    assert "e/stream: the walk waited 26.21 s: 1.20 s" in text
