@@ -250,6 +250,7 @@ def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
                 "rewrite_wait_s": sum(b.total("rewrite_wait_s") for b in mine),
                 "floor_wait_s": sum(b.total("floor_wait_s") for b in mine),
                 "budget_refusals": sum(b.total("budget_refusals") for b in mine),
+                "slot_refusals": sum(b.total("slot_refusals") for b in mine),
                 "replays_sequential": f"{replays}/{n_chains}",
                 "failed_chains": failed,
                 "throughput_tps": transitions / wall if wall else 0.0,

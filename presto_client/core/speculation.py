@@ -120,6 +120,9 @@ class SpeculationBudget:
         self._loaded_observations = 0
         """Observations made with more than one sequence in flight (the slow start's evidence)."""
         self.peak_speculative = 0
+        self.refused_for_slots = False
+        """Whether the last refusal of :meth:`try_acquire` was for lack of the engine's slots
+        (its concurrency bound, after the heads' share) rather than the cost tolerated."""
         self._value: dict[str, tuple[float, float]] = {}
         """Per rule: decayed sums of predicted and realised extra transitions per round."""
 
@@ -244,6 +247,7 @@ class SpeculationBudget:
             and not self._slow_start_opens(sequences)
             and not (used is not None and self.worth_past_the_tolerance(sequences, used))
         ):
+            self.refused_for_slots = self._room() - reserved < sequences
             return False
         self.speculative += sequences
         self.peak_speculative = max(self.peak_speculative, self.speculative)

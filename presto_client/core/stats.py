@@ -81,6 +81,9 @@ class ChainStats:
     budget_refusals: int = 0
     """``stream``: refills the engine's speculation budget cut short (proposals left for later
     although likely enough to be used)."""
+    slot_refusals: int = 0
+    """``stream``: of those, the ones cut short for lack of the engine's slots (its concurrency
+    bound after the heads' share) rather than by the cost tolerated."""
     extend_wall_s: float = 0.0
     tighten_wall_s: float = 0.0
     chain_wall_s: float = 0.0
@@ -150,6 +153,7 @@ class ChainStats:
             "rewrite_wait_s": self.rewrite_wait_s,
             "floor_wait_s": self.floor_wait_s,
             "budget_refusals": self.budget_refusals,
+            "slot_refusals": self.slot_refusals,
             "model_call_time_s": self.model_call_time_s,
             "extend_time_s": self.extend_wall_s,
             "chain_wall_s": self.chain_wall_s,

@@ -278,7 +278,7 @@ class StreamRunner(StreamBranches):
             if refused or not self.budget.try_acquire(per, reserved, survival):
                 # The engine's budget is spent: nothing more goes out; what would have is
                 # noted, so that a wait for it is counted as the budget's.
-                self.stats.budget_refusals += not refused
+                self._count_refusal(refused)
                 refused = True
                 self._refused.add(j)
                 continue
@@ -347,7 +347,7 @@ class StreamRunner(StreamBranches):
             if refused or not self.budget.try_acquire(per_proposal, used=survival):
                 # The engine's budget is spent: speculate less, never out of order; what would
                 # have gone out is noted, so that a wait for it is counted as the budget's.
-                self.stats.budget_refusals += not refused
+                self._count_refusal(refused)
                 refused = True
                 self._refused.add(j)
                 continue
@@ -395,6 +395,12 @@ class StreamRunner(StreamBranches):
         self._open_accepts += int(verdict.accepted)
         self._open_wall += waited or 0.0
         return state
+
+    def _count_refusal(self, already: bool) -> None:
+        """A refill cut short by the engine's budget (once per refill)."""
+        if not already:
+            self.stats.budget_refusals += 1
+            self.stats.slot_refusals += self.budget.refused_for_slots
 
     def _count_wait(self, k: int, waited: float, reached: bool) -> None:
         """Why the walk waited ``waited`` seconds for transition ``k``'s proposal: an earlier

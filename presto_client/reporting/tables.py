@@ -157,11 +157,20 @@ def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
         # compute-bound engine, the measured cost of a proposal) held back: the tolerance, not
         # the engine's cost, is what binds.
         budget = causes["budget_wait_s"]
-        if budget >= BUDGET_WAIT_HINT_SHARE * waited and budget > causes["floor_wait_s"]:
+        if budget < BUDGET_WAIT_HINT_SHARE * waited or budget <= causes["floor_wait_s"]:
+            continue
+        refusals = int(arm.get("budget_refusals") or 0)
+        if 2 * int(arm.get("slot_refusals") or 0) > refusals:
+            lines.append(
+                "  the engine's slots bind (its max_concurrency, after what the chains' own "
+                "requests take): more requests in flight would help only if the server has "
+                "room for them"
+            )
+        else:
             lines.append(
                 "  the budget binds: on a latency-bound engine (a GPU) a higher "
-                "speculation_tolerance on the engine (and max_concurrency) buys this back; "
-                "on a compute-bound one (a CPU) more speculation slows every chain"
+                "speculation_tolerance on the engine buys this back; on a compute-bound one "
+                "(a CPU) more speculation slows every chain"
             )
     return "\n".join(lines)
 

@@ -401,6 +401,8 @@ def test_a_proposal_likely_enough_to_be_used_goes_out_past_the_tolerance() -> No
     full.capacity = 8
     full.add_head(4)
     assert full.try_acquire(4, used=1.0) and not full.try_acquire(1, used=1.0)  # no slot left
+    assert full.refused_for_slots
+    assert not gpu.refused_for_slots  # refused by the cost tolerated (above), not the slots
     assert not SpeculationBudget(None).worth_past_the_tolerance(1, 1.0)  # not measured yet
 
 
@@ -511,6 +513,7 @@ async def test_the_walks_waits_are_told_apart_by_their_cause(sampler: str) -> No
         ).run([1])
         s = spent.stats
         assert s.budget_refusals > 0 and s.requests_issued == 16
+        assert s.slot_refusals == s.budget_refusals  # one slot, the head's: refused for slots
         assert s.rewrite_wait_s == 0.0 and s.budget_wait_s > 0.0
         # Every wait is for a proposal the walk issued itself: one the budget refused, or one
         # too unlikely to be used to be put to it at all.

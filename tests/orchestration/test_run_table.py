@@ -59,7 +59,10 @@ def test_the_table_says_why_the_stream_walk_waited_and_when_the_budget_binds() -
     free = _arm("f/stream", budget_wait_s=0.5, rewrite_wait_s=12.6, floor_wait_s=1.0)
     # A compute-bound engine: its measured cost held most proposals back, not the tolerance.
     costly = _arm("g/stream", budget_wait_s=3.0, floor_wait_s=20.0)
-    table = format_summary_table({"arms": [_arm("e/sequential"), bound, free, costly]})
+    # Saturation: the heads fill the engine's slots, no tolerance would help.
+    full = _arm("h/stream", budget_wait_s=20.0, budget_refusals=40, slot_refusals=39)
+    arms = [_arm("e/sequential"), bound, free, costly, full]
+    table = format_summary_table({"arms": arms})
     lines = table.splitlines()
     e = next(i for i, line in enumerate(lines) if line.startswith("e/stream: the walk waited"))
     assert "26.21 s: 4.80 s" in lines[e] and "12.60 s" in lines[e] and "8.81 s" in lines[e]
@@ -67,7 +70,9 @@ def test_the_table_says_why_the_stream_walk_waited_and_when_the_budget_binds() -
     f = next(i for i, line in enumerate(lines) if line.startswith("f/stream: the walk waited"))
     assert "speculation_tolerance" not in lines[f + 1]
     g = next(i for i, line in enumerate(lines) if line.startswith("g/stream: the walk waited"))
-    assert g == len(lines) - 1  # no hint
+    assert not lines[g + 1].startswith("  ")  # no hint
+    h = next(i for i, line in enumerate(lines) if line.startswith("h/stream: the walk waited"))
+    assert "slots bind" in lines[h + 1] and "speculation_tolerance" not in lines[h + 1]
     assert not any(line.startswith("e/sequential:") for line in lines)
 
 
