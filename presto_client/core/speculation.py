@@ -29,10 +29,11 @@ chain. The window in the config stays a cap.
 
 The fit also prices each speculative proposal (:meth:`SpeculationBudget.marginal_cost`): the
 stream traversal issues one only while it is at least that likely to be used. Past the
-tolerance, a proposal still goes out when it raises the engine's expected useful work per
-second even if every proposal in flight were certain to be used
-(:meth:`SpeculationBudget.worth_past_the_tolerance`): on a GPU the tolerance is then no longer
-what bounds proposals of several sequences (MultiTryMH), and on a CPU it changes little.
+tolerance, a proposal still goes out when its expected saving to its chain pays for what it
+costs the heads of every chain on the engine
+(:meth:`SpeculationBudget.worth_past_the_tolerance`): a lone chain on a GPU is then no longer
+held to the tolerance (MultiTryMH, four sequences a proposal), while many chains sharing the
+engine, or a compute-bound one, keep it.
 Nothing here changes a decision: which proposals are in flight never affects the law of the
 chain (method §4), only its speed.
 """
@@ -224,7 +225,13 @@ class SpeculationBudget:
         free = min(self._room(), limit)
         return 0 if free <= 0 else (int(free) if math.isfinite(free) else 1 << 30)
 
-    def try_acquire(self, sequences: int, reserved: int = 0, used: float | None = None) -> bool:
+    def try_acquire(
+        self,
+        sequences: int,
+        reserved: int = 0,
+        used: float | None = None,
+        own: int | None = None,
+    ) -> bool:
         """Take ``sequences`` speculative slots, leaving ``reserved`` of those available for
         proposals that come first but cannot be issued yet (see :meth:`StreamRunner._issue_early`).
         ``used``: how likely the proposal is to be used; past the tolerance it still goes out
@@ -245,7 +252,7 @@ class SpeculationBudget:
         if (
             available - reserved < sequences
             and not self._slow_start_opens(sequences)
-            and not (used is not None and self.worth_past_the_tolerance(sequences, used))
+            and not (used is not None and self.worth_past_the_tolerance(sequences, used, own))
         ):
             self.refused_for_slots = self._room() - reserved < sequences
             return False
@@ -253,25 +260,33 @@ class SpeculationBudget:
         self.peak_speculative = max(self.peak_speculative, self.speculative)
         return True
 
-    def worth_past_the_tolerance(self, sequences: int, used: float) -> bool:
+    def worth_past_the_tolerance(self, sequences: int, used: float, own: int | None = None) -> bool:
         """Whether a speculative proposal of ``sequences`` that is ``used`` likely to be used
-        raises the engine's expected useful work per second although the tolerance is spent:
-        ``used ≥ b·n / step(n)``, with ``n`` the sequences in flight once it is added.
+        is worth its cost although the tolerance is spent. Needs the fitted cost and free slots.
 
-        Counting every proposal in flight as certain to be used (so never over-rating this one
-        against them), adding it raises ``proposals used / step(n)`` iff its probability of use
-        is at least the share of a decode step the sequences in flight cost over the step's
-        fixed part. On a latency-bound engine (a GPU: ``b·n`` small against ``a``) proposals
-        likely enough to be used go out past the tolerance (MultiTryMH, four sequences a
-        proposal, was held to about ten at the default tolerance); on a compute-bound one
-        (a CPU) the share is high from the second sequence on, so it changes little. Needs the
-        fitted cost and free slots."""
+        ``own``: the head sequences of the chain that asks (its proposal's). The proposal then
+        goes out iff its expected saving to that chain pays for what it costs every chain with
+        a head in flight: ``used ≥ (heads/own)·b·sequences/step(heads)``. If it is used, its
+        chain no longer waits for its ``L`` tokens at about ``step(heads)`` each; whether used
+        or not, it makes each of the ``heads/own`` chains' heads ``L·b·sequences`` slower.
+        The step is the heads' alone, as the tolerance's: priced against the loaded step, each
+        proposal would make the next look cheaper. A lone chain thus pays only its own head's
+        share: MultiTryMH on a GPU (5 %) is no longer held to the tolerance's ten proposals,
+        while on a compute-bound engine (``b`` near ``a``) only proposals at least about half
+        likely to be used go out, and beside many chains hardly any.
+
+        Without ``own`` (a caller that does not say whose it is): count every proposal in
+        flight as certain to be used, so adding this one raises the engine's expected useful
+        work per second iff ``used ≥ b·n/step(n)``, ``n`` the sequences in flight with it."""
         fit = self._fit.coefficients() if self.adaptive else None
         if fit is None or self._room() < sequences:
             return False
         a, b = fit
         if b <= 0:
             return True
+        if own is not None:
+            sharers = max(1.0, self.heads / max(own, 1))
+            return used >= sharers * b * sequences / max(a + b * max(self.heads, 1), 1e-12)
         n = self.in_flight + sequences
         return used >= b * n / max(a + b * n, 1e-12)
 

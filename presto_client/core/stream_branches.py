@@ -232,7 +232,7 @@ class StreamBranches(StreamBase):
                 continue
             if limit is not None and self._in_flight(window) >= limit:
                 break
-            if not self.budget.try_acquire(per, used=survival):
+            if not self.budget.try_acquire(per, used=survival, own=per):
                 break
             flight = self._issue(partial, block, j, SPECULATIVE, cut=cut, length=length)
             flight.candidate = candidate

@@ -275,7 +275,7 @@ class StreamRunner(StreamBranches):
                 # since the walk needs it before every later transition.
                 reserved += per
                 continue
-            if refused or not self.budget.try_acquire(per, reserved, survival):
+            if refused or not self.budget.try_acquire(per, reserved, survival, own=per):
                 # The engine's budget is spent: nothing more goes out; what would have is
                 # noted, so that a wait for it is counted as the budget's.
                 self._count_refusal(refused)
@@ -344,7 +344,9 @@ class StreamRunner(StreamBranches):
             threats.append(cut)
             if survival < floor:
                 continue  # likely rewritten before its turn: issued when the walk is nearer
-            if refused or not self.budget.try_acquire(per_proposal, used=survival):
+            if refused or not self.budget.try_acquire(
+                per_proposal, used=survival, own=per_proposal
+            ):
                 # The engine's budget is spent: speculate less, never out of order; what would
                 # have gone out is noted, so that a wait for it is counted as the budget's.
                 self._count_refusal(refused)

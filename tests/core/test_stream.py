@@ -406,6 +406,46 @@ def test_a_proposal_likely_enough_to_be_used_goes_out_past_the_tolerance() -> No
     assert not SpeculationBudget(None).worth_past_the_tolerance(1, 1.0)  # not measured yet
 
 
+def test_past_the_tolerance_a_proposal_pays_for_the_chains_whose_heads_it_slows() -> None:
+    """Told whose it is (``own``: its chain's head sequences), a proposal past the tolerance
+    goes out iff its probability of use is at least what it costs every chain with a head in
+    flight, against their step alone: ``(heads/own)·b·sequences/step(heads)``. A lone
+    MultiTryMH chain on a GPU-like fit pays only its own head's share (5 %), so its likely
+    proposals are no longer held to the tolerance; beside fifteen other chains the bar is
+    sixteen times higher; on a compute-bound fit a lone chain's bar is a half and stays there
+    however much is in flight (against the loaded step, it would fall as speculation grows)."""
+    a, b = 0.006, 0.00008
+    lone = _fitted_budget(a, b)
+    lone.add_head(4)
+    while lone.try_acquire(4):  # up to the tolerance, as before
+        pass
+    bar = b * 4 / (a + b * 4)
+    assert bar == pytest.approx(0.0506, abs=1e-3)
+    assert not lone.try_acquire(4, used=bar - 0.005, own=4)
+    assert lone.try_acquire(4, used=bar + 0.005, own=4)
+    assert not lone.try_acquire(4, used=0.3)  # without its owner: the engine's throughput bar
+
+    shared = _fitted_budget(a, b)
+    shared.add_head(64)  # sixteen chains' heads of four sequences
+    while shared.try_acquire(4):
+        pass
+    bar = 16 * b * 4 / (a + b * 64)
+    assert 0.3 < bar < 0.6
+    assert not shared.try_acquire(4, used=bar - 0.01, own=4)
+    assert shared.try_acquire(4, used=bar + 0.01, own=4)
+
+    cpu = _fitted_budget(0.01, 0.01)
+    cpu.add_head(1)
+    for _ in range(20):
+        cpu.try_acquire(1, used=0.51, own=1)
+    assert not cpu.try_acquire(1, used=0.49, own=1)  # b/step(1) = 0.5, whatever is in flight
+
+    full = _fitted_budget(a, b)
+    full.capacity = 8
+    full.add_head(4)
+    assert full.try_acquire(4, used=1.0, own=4) and not full.try_acquire(1, used=1.0, own=4)
+
+
 def test_an_unmeasured_budget_lets_one_proposal_of_several_sequences_start() -> None:
     """MultiTryMH's proposal is one sequence per try: the slow start lets one such proposal go
     out (its observations are the evidence), not a second, and never past the engine's slots."""

@@ -22,7 +22,7 @@ from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.rng import ChainRandomness
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
+from presto_client.core.speculation import MIN_OBSERVATIONS, RESERVE_SHARE, SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream_base import SPECULATIVE
 from presto_client.core.stream_flight import InFlight
@@ -303,18 +303,42 @@ async def test_without_a_cap_the_window_reaches_every_remaining_transition(
 
 async def test_a_steep_engine_cost_pulls_the_window_back() -> None:
     """On a compute-bound engine (every sequence costs as much as the step's base) the budget
-    allows ``tolerance·step(1)/b`` = 1 speculative sequence, and past it only proposals at least
-    ``b·n/step(n)`` likely to be used (75 % for a second, 80 % for a third): the window stays
-    small (it reaches every remaining transition on a flat one, the test above)."""
+    allows ``tolerance·step(1)/b`` = 1 speculative sequence; past it a lone chain's proposal
+    goes out only if at least ``b/step(heads)`` = 50 % likely to be used, and beside fifteen
+    other chains' heads only if ``16·b/step(16)`` = 94 % likely: the window stays far smaller
+    than on a flat engine (the test above), and smaller still on a shared one."""
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
-    engine = _Counting(model)
-    budget = _fitted(0.01, 0.01)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
-    result = await StreamRunner(engine, config, 1, None, window=None, budget=budget).run([1])
-    assert result.full_token_ids == baseline.full_token_ids
-    assert budget.peak_speculative <= 2
-    assert engine.peak <= 3
+
+    async def run(others: int) -> tuple[list[float], int]:
+        budget = _fitted(0.01, 0.01)
+        budget.observe = lambda *args: None  # type: ignore[method-assign]  # the event loop's
+        budget.add_head(others)
+        past: list[float] = []
+        acquire = budget.try_acquire
+
+        def recording(sequences: int, reserved: int = 0, used: float | None = None, **kw: int):  # type: ignore[no-untyped-def]
+            available = budget.available()
+            within = available - min(reserved, int(available * RESERVE_SHARE)) >= sequences
+            taken = acquire(sequences, reserved, used, **kw)
+            if taken and not within and used is not None:
+                past.append(used)
+            return taken
+
+        budget.try_acquire = recording  # type: ignore[method-assign]
+        engine = _Counting(model)
+        runner = StreamRunner(engine, config, 1, None, window=None, budget=budget)
+        result = await runner.run([1])
+        assert result.full_token_ids == baseline.full_token_ids
+        return past, budget.peak_speculative
+
+    past, lone_peak = await run(0)
+    assert past and min(past) >= 0.5  # past the tolerance: only proposals likely to be used
+    shared_past, _ = await run(15)
+    assert all(u >= 16 * 0.01 / 0.17 for u in shared_past)
+    assert len(shared_past) < len(past)
+    assert lone_peak <= 10  # a flat engine's window reaches every remaining transition
 
 
 async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
