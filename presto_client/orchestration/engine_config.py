@@ -118,8 +118,9 @@ class EngineConfigBase(StrictModel):
         ge=0,
         description="How much the speculative proposals of PreSTO's traversals may slow a decode "
         "step of this engine, as a fraction of the step of the chains' own requests alone (its "
-        "measured cost, per replica). Higher buys speed with the engine's time: MultiTryMH on "
-        "a GPU (four sequences a proposal) gains most; on a CPU every extra sequence costs. "
+        "measured cost, per replica). Higher buys speed with the engine's time where many chains "
+        "share it (past the tolerance a lone chain's likely proposals go out anyway); on a CPU "
+        "every extra sequence costs. "
         "Never changes a chain, only its speed.",
     )
     eos_token_id: int | None = Field(
