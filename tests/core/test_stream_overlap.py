@@ -22,7 +22,7 @@ from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.rng import ChainRandomness
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.core.speculation import MIN_OBSERVATIONS, RESERVE_SHARE, SpeculationBudget
+from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream_base import SPECULATIVE
 from presto_client.core.stream_flight import InFlight
@@ -316,17 +316,15 @@ async def test_a_steep_engine_cost_pulls_the_window_back() -> None:
         budget.observe = lambda *args: None  # type: ignore[method-assign]  # the event loop's
         budget.add_head(others)
         past: list[float] = []
-        acquire = budget.try_acquire
+        worth = budget.worth_past_the_tolerance  # asked only once the tolerance is spent
 
-        def recording(sequences: int, reserved: int = 0, used: float | None = None, **kw: int):  # type: ignore[no-untyped-def]
-            available = budget.available()
-            within = available - min(reserved, int(available * RESERVE_SHARE)) >= sequences
-            taken = acquire(sequences, reserved, used, **kw)
-            if taken and not within and used is not None:
+        def recording(sequences: int, used: float, own: int | None = None) -> bool:
+            taken = worth(sequences, used, own)
+            if taken:
                 past.append(used)
             return taken
 
-        budget.try_acquire = recording  # type: ignore[method-assign]
+        budget.worth_past_the_tolerance = recording  # type: ignore[method-assign]
         engine = _Counting(model)
         runner = StreamRunner(engine, config, 1, None, window=None, budget=budget)
         result = await runner.run([1])
