@@ -134,6 +134,16 @@ class Adapter:
             out = chunk if out is None else out.concat(chunk)
         return out
 
+    def stream_generated(self, events: Sequence[Any]) -> int | None:
+        """How many tokens the generation had produced at the last of ``events`` that says so,
+        for a dialect whose stream can leave a token out (``None``: the dialect never does)."""
+        return None
+
+    def stream_stop(self, events: Sequence[Any]) -> str | None:
+        """Why the generation ended, when ``events`` hold its last event and the dialect says
+        (an ``"eos"`` stop lets :meth:`continuation` ask for the rest)."""
+        return None
+
     def build_score(
         self, prefix: Sequence[int], token_ids: Sequence[int], model: str, top_k: int, *, label: str
     ) -> HttpCall:

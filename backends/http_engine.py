@@ -56,6 +56,22 @@ _MODEL_LISTINGS = (
 """The model listings that tell the built-in dialects apart when the configured one fails."""
 
 
+def _joined(chunks: Sequence[TokenLogprobs]) -> TokenLogprobs:
+    out = chunks[0]
+    for chunk in chunks[1:]:
+        out = out.concat(chunk)
+    return out
+
+
+def _tail(tokens: TokenLogprobs, start: int) -> TokenLogprobs:
+    return TokenLogprobs(
+        tokens.token_ids[start:],
+        tokens.logprobs[start:],
+        tokens.top_ids[start:],
+        tokens.top_logprobs[start:],
+    )
+
+
 def _label(request: ProposalRequest, index: int | None = None) -> str:
     where = "" if index is None else f" {index}"
     return (
@@ -319,6 +335,10 @@ class HttpEngine(ProbeMixin):
 
         Raw modes stream over SSE; scaled modes (two calls) and dialects without streaming
         yield the whole proposal as one chunk. Closing the iterator closes the HTTP stream.
+        A stream that stops at an end-of-generation token goes on in a second one (the
+        adapter's :meth:`~backends.adapter.Adapter.continuation`); one that leaves a token out
+        (:meth:`~backends.adapter.Adapter.stream_generated` counts past what came) is closed,
+        and the rest comes from the whole proposal, fetched unstreamed.
         """
         label = _label(request)
         model = await self.model()
@@ -326,42 +346,88 @@ class HttpEngine(ProbeMixin):
             (whole,) = await self.generate([request], headers=headers)
             yield whole
             return
-        call = self.adapter.build_generate(request, model, label=label, stream=True)
-        received = 0
-        # Events arrive in batches (those completed by one network read), parsed and scored
-        # as one chunk: when the client falls behind, its costs per chunk are shared.
-        events = self.transport.stream_event_batches(
-            call.path,
-            call.payload,
-            label=label,
-            max_bytes=self._cap(request.num_tokens),
-            headers=headers,
-        )
-        try:
-            async for batch in events:
-                chunk = self.adapter.parse_stream_events(request, batch, label=label)
-                if chunk is None or len(chunk) == 0:
-                    continue
-                self._checked(chunk, label)
-                received += len(chunk)
-                if received > request.num_tokens:
-                    raise EngineError(
-                        f"{label}: the stream delivered {received} tokens, "
-                        f"{request.num_tokens} were requested",
-                        engine=self.name,
-                    )
-                yield scored_from_raw(chunk, request.scores, self.spec.vocab_size)
-        finally:
-            await events.aclose()
-        if received != request.num_tokens:
-            # A stream that ends short without an error is a connection that went away midway
-            # (the server died or restarted): a reader may request it again.
-            raise EngineUnavailableError(
-                f"{label}: the stream ended after {received} of {request.num_tokens} tokens "
-                "(the server is unavailable, or dropped the connection)",
-                engine=self.name,
-                retryable=True,
+        part = request
+        received: list[TokenLogprobs] = []  # every chunk so far, for a continuation's prefix
+        total = 0
+        while True:
+            gap, stop, taken = False, None, 0
+            call = self.adapter.build_generate(part, model, label=label, stream=True)
+            # Events arrive in batches (those completed by one network read), parsed and scored
+            # as one chunk: when the client falls behind, its costs per chunk are shared.
+            events = self.transport.stream_event_batches(
+                call.path,
+                call.payload,
+                label=label,
+                max_bytes=self._cap(part.num_tokens),
+                headers=headers,
             )
+            try:
+                async for batch in events:
+                    chunk = self.adapter.parse_stream_events(part, batch, label=label)
+                    stop = self.adapter.stream_stop(batch) or stop
+                    n = 0 if chunk is None else len(chunk)
+                    generated = self.adapter.stream_generated(batch)
+                    if generated is not None and generated > taken + n:
+                        gap = True
+                        break
+                    if chunk is None or n == 0:
+                        continue
+                    self._checked(chunk, label)
+                    taken += n
+                    total += n
+                    if total > request.num_tokens:
+                        raise EngineError(
+                            f"{label}: the stream delivered {total} tokens, "
+                            f"{request.num_tokens} were requested",
+                            engine=self.name,
+                        )
+                    received.append(chunk)
+                    yield scored_from_raw(chunk, request.scores, self.spec.vocab_size)
+            finally:
+                await events.aclose()
+            if gap:
+                async for rest in self._unstreamed_rest(request, received, model, label, headers):
+                    yield rest
+                return
+            if total == request.num_tokens:
+                return
+            following = None
+            if stop == "eos" and taken:
+                following = self.adapter.continuation(request, _joined(received))
+            if following is None:
+                # A stream that ends short without an error is a connection that went away
+                # midway (the server died or restarted): a reader may request it again.
+                raise EngineUnavailableError(
+                    f"{label}: the stream ended after {total} of {request.num_tokens} tokens "
+                    "(the server is unavailable, or dropped the connection)",
+                    engine=self.name,
+                    retryable=True,
+                )
+            part = following
+
+    async def _unstreamed_rest(
+        self,
+        request: ProposalRequest,
+        received: Sequence[TokenLogprobs],
+        model: str,
+        label: str,
+        headers: RequestHeaders | None,
+    ) -> AsyncGenerator[ScoredTokens, None]:
+        """What follows the chunks ``received`` of ``request``, from the whole proposal fetched
+        unstreamed as :meth:`generate` fetches it (its seeds give the same tokens, its repairs
+        fill what the stream left out)."""
+        whole = await self._generate_tokens(request, model, label, headers)
+        streamed = _joined(received).token_ids if received else np.zeros(0, dtype=np.int64)
+        n = len(streamed)
+        if len(whole) < n or not np.array_equal(whole.token_ids[:n], streamed):
+            raise EngineError(
+                f"{label}: the proposal fetched again after its stream left a token out differs "
+                f"from what was streamed; {self.adapter.hint_for_seeds()}",
+                engine=self.name,
+            )
+        rest = _tail(whole, n)
+        if len(rest):
+            yield scored_from_raw(rest, request.scores, self.spec.vocab_size)
 
     # ---- exact scores
 

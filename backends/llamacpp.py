@@ -18,6 +18,11 @@ Traps, each handled here:
 * A token whose text ends inside a UTF-8 character gets no ``completion_probabilities`` entry
   (the server holds the text back and never adds the token's probabilities), so an answer with
   fewer probability entries than ``tokens`` is refused by name.
+* Streamed (``stream: true``), the held-back token never appears at all: each event carries
+  one token and its probabilities, and only ``tokens_predicted`` (the generation's count so
+  far) shows that one was skipped. The engine then fetches the proposal whole, unstreamed (the
+  same seed gives the same tokens), and repairs it as above. The final event carries no tokens,
+  only ``stop_type`` (an ``"eos"`` stop continues in a second stream).
 * Samplers: ``samplers: ["temperature"]`` makes temperature the only sampler before the final
   draw (top-k, top-p, min-p, typical, penalties, DRY, XTC are not in the chain); the knobs are
   sent neutral too, mirostat off (it replaces the chain), dynamic temperature off.
@@ -59,6 +64,10 @@ FULL_ROW = 2**31 - 1
 FORCE_BIAS = 1e9
 """A logit bias that makes the given token the one sampled (scoring requests)."""
 CONTINUATION_SALT = 0x9E3779B1
+TRUNCATED = (
+    "the server truncated the generation at its context size; start llama-server with a "
+    "larger -c (the context is shared by its -np slots)"
+)
 
 NEUTRAL_SAMPLING: dict[str, Any] = {
     "samplers": ["temperature"],
@@ -261,10 +270,7 @@ def parse_completion(
             out = _fill_held_back(out, tokens, repairs, k, whole, label=label)
         check_ids(out.token_ids, tokens, label=label)
     if body.get("truncated"):
-        raise InvalidResponseError(
-            f"{label}: the server truncated the generation at its context size; start "
-            "llama-server with a larger -c (the context is shared by its -np slots)"
-        )
+        raise InvalidResponseError(f"{label}: {TRUNCATED}")
     stop = body.get("stop_type")
     if len(out) > num_tokens or (len(out) < num_tokens and stop != "eos"):
         raise InvalidResponseError(
@@ -326,7 +332,7 @@ class LlamaCppAdapter(Adapter):
         "llamacpp:prompt_tokens_cached",
     )
     metric_queries_exclude_hits: ClassVar[bool] = True
-    streaming: ClassVar[bool] = False
+    streaming: ClassVar[bool] = True
     max_top_k: ClassVar[int | None] = None
     start_hint: ClassVar[str] = (
         "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics -fa on "
@@ -360,7 +366,42 @@ class LlamaCppAdapter(Adapter):
         payload = self._payload(
             request.prefix, request.num_tokens, request.temperature, request_seed(request.seed)
         )
-        return HttpCall("/completion", payload, label)
+        payload["stream"] = bool(stream)
+        return HttpCall("/completion", payload, label, stream=stream)
+
+    def parse_stream_event(
+        self, request: ProposalRequest, event: Any, *, label: str
+    ) -> TokenLogprobs | None:
+        """One streamed event: a token with its raw probabilities, or the final one (none)."""
+        body = _body(event, label)
+        if "stop_type" in body:  # the final event: its tokens were all streamed before it
+            if body.get("truncated"):
+                raise InvalidResponseError(f"{label}: {TRUNCATED}")
+            return None
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not tokens:
+            return None
+        out = parse_probabilities(
+            body.get("completion_probabilities"), self.spec.top_k, label=label
+        )
+        check_ids(
+            out.token_ids,
+            [token_id_value(t, label=label, what="tokens") for t in tokens],
+            label=label,
+        )
+        return out
+
+    def stream_generated(self, events: Sequence[Any]) -> int | None:
+        for event in reversed(events):
+            if isinstance(event, dict) and isinstance(event.get("tokens_predicted"), int):
+                return int(event["tokens_predicted"])
+        return None
+
+    def stream_stop(self, events: Sequence[Any]) -> str | None:
+        for event in reversed(events):
+            if isinstance(event, dict) and isinstance(event.get("stop_type"), str):
+                return str(event["stop_type"])
+        return None
 
     def parse_generate(self, request: ProposalRequest, body: Any, *, label: str) -> TokenLogprobs:
         return parse_completion(body, self.spec.top_k, request.num_tokens, label=label)

@@ -11,6 +11,7 @@ the same token for token on the server.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -224,6 +225,87 @@ async def test_a_token_inside_a_utf8_character_gets_its_row(llamacpp_server: str
         assert np.isfinite(out.logp0).all() and (out.logq_lo <= out.logq_hi + 1e-12).all()
         (again,) = await eng.generate([req])
         assert np.abs(again.logp0 - out.logp0).max() < TOL
+    finally:
+        await eng.aclose()
+
+
+async def streamed(eng: HttpEngine, req: ProposalRequest) -> tuple[list[int], np.ndarray, int]:
+    """The proposal as ``stream`` yields it: its tokens, ``log p0`` and the number of chunks."""
+    ids: list[int] = []
+    logp0: list[float] = []
+    chunks = 0
+    async for chunk in eng.stream(req):
+        ids += chunk.token_ids.tolist()
+        logp0 += chunk.logp0.tolist()
+        chunks += 1
+    return ids, np.asarray(logp0), chunks
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "seed", "what"),
+    [
+        (TEXTS[0], 24, 5, "plain"),
+        (TEXTS[0], 96, 3, "through an EOS"),
+        ("Say hi.", 16, 69, "through a token held back inside a UTF-8 character"),
+    ],
+)
+async def test_a_streamed_proposal_is_the_generated_one(
+    llamacpp_server: str, text: str, n: int, seed: int, what: str
+) -> None:
+    eng = engine(llamacpp_server)
+    try:
+        prompt = await eng.tokenize(text, chat_template=True)
+        req = ProposalRequest(prompt, n, TAU, seed, ScoreSpec((TAU, 1.0)))
+        (whole,) = await eng.generate([req])
+        ids, logp0, chunks = await streamed(eng, req)
+        assert ids == whole.token_ids.tolist(), what
+        assert np.abs(logp0 - whole.logp0).max() < TOL, what
+        if what == "through an EOS":
+            assert 2 in ids[:-1]
+        if what.startswith("through a token held back"):
+            # The server's own stream leaves the token out: the engine fetched the rest whole.
+            call = eng.adapter.build_generate(req, "m", label="t", stream=True)
+            events = [
+                e
+                async for batch in eng.transport.stream_event_batches(
+                    call.path, call.payload, label="t"
+                )
+                for e in batch
+            ]
+            assert sum(len(e.get("tokens") or []) for e in events) < n
+        else:
+            assert chunks > 1, "the proposal came in one piece: the server did not stream"
+    finally:
+        await eng.aclose()
+
+
+async def test_closing_a_stream_frees_its_slot(llamacpp_server: str) -> None:
+    # Early rejection closes a proposal's stream after a few tokens: the server must stop
+    # generating it, or every rejected proposal would still cost its whole length.
+    eng = engine(llamacpp_server)
+    try:
+        (prompt, _) = await prompts(eng)
+        # 1,900 tokens take 40 s or more on this CPU: a slot that stops within 10 s was stopped.
+        req = ProposalRequest(prompt, 1900, TAU, 11, ScoreSpec((TAU, 1.0)))
+        t0 = time.perf_counter()
+        stream = eng.stream(req)
+        got = 0
+        async for chunk in stream:
+            got += len(chunk)
+            if got >= 4:
+                break
+        await stream.aclose()
+        t1 = time.perf_counter()
+        async with httpx.AsyncClient(base_url=llamacpp_server, timeout=60) as client:
+            deadline = time.perf_counter() + 10
+            while time.perf_counter() < deadline:
+                slots = (await client.get("/slots")).json()
+                if not any(s.get("is_processing") for s in slots):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("a slot still generates the closed stream's proposal 10 s later")
+        print(f"\n{got} tokens streamed in {t1 - t0:.2f} s; the server stopped it")
     finally:
         await eng.aclose()
 
