@@ -60,7 +60,14 @@ class Adapter:
     metric_queries_exclude_hits: ClassVar[bool] = False
     """The 'queries' counter leaves out the cached tokens (``queries = it + hits``)."""
     streaming: ClassVar[bool] = False
+    stream_closes_connection: ClassVar[bool] = False
+    """The server closes its connection after a streamed answer although it announced
+    keep-alive: streams then ask for ``Connection: close``, so no request is written into a
+    connection already closed (and retried)."""
     max_top_k: ClassVar[int | None] = None
+    slots_path: ClassVar[str | None] = None
+    """Where the server says how many slots (each with its own prefix cache) it has; set for
+    a dialect whose requests the client places on slots (:mod:`backends.slots`)."""
     start_hint: ClassVar[str] = ""
     """How to start this dialect's server (for 'unreachable' messages)."""
 
@@ -133,6 +140,14 @@ class Adapter:
                 continue
             out = chunk if out is None else out.concat(chunk)
         return out
+
+    def parse_slot_count(self, body: Any) -> int | None:
+        """The server's slot count from the answer of :attr:`slots_path` (``None``: unknown)."""
+        return None
+
+    def on_slot(self, call: HttpCall, slot: int) -> HttpCall:
+        """``call`` sent to the server's slot ``slot``."""
+        raise NotImplementedError(f"the {self.dialect} dialect does not place requests on slots")
 
     def stream_generated(self, events: Sequence[Any]) -> int | None:
         """How many tokens the generation had produced at the last of ``events`` that says so,

@@ -25,10 +25,12 @@ from backends.parsing import TokenLogprobs, check_token_ids
 from backends.pool import Pool, RequestHeaders
 from backends.retry import Sleep
 from backends.routing import RoutedEngine
+from backends.slots import SlotPlan
 from backends.spec import Capabilities, EngineSpec, ProbeReport
 from backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
+    IntArray,
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
@@ -70,6 +72,19 @@ def _tail(tokens: TokenLogprobs, start: int) -> TokenLogprobs:
         tokens.top_ids[start:],
         tokens.top_logprobs[start:],
     )
+
+
+def _generated_after(prefix: Sequence[int], chunks: Sequence[TokenLogprobs]) -> IntArray:
+    """What a slot's cache holds after a request: its prefix and the tokens it generated."""
+    return np.concatenate([np.asarray(prefix, dtype=np.int64), *(c.token_ids for c in chunks)])
+
+
+def _answer_tokens(prefix: Sequence[int], body: Any) -> Sequence[int]:
+    """The prefix and a whole answer's ``tokens`` (where it lists them) for the slot plan."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+        return [*prefix, *tokens]
+    return prefix
 
 
 def _label(request: ProposalRequest, index: int | None = None) -> str:
@@ -117,6 +132,8 @@ class HttpEngine(ProbeMixin):
         self._model_lock = asyncio.Lock()
         self._seeds_honoured: bool | None = None
         self._scoring_ok: bool | None = None
+        self._slot_plan: SlotPlan | None = None
+        self._slots_read = adapter.slots_path is None
         self.last_probe: ProbeReport | None = None
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
@@ -148,6 +165,33 @@ class HttpEngine(ProbeMixin):
     def max_concurrency(self) -> int:
         """Requests this replica serves at once (the transport's bound)."""
         return self.spec.max_concurrency
+
+    async def slot_plan(self) -> SlotPlan | None:
+        """The placement of requests on the server's slots (read once), where the dialect
+        places them (:mod:`backends.slots`); ``None``: the server chooses."""
+        if self._slots_read:
+            return self._slot_plan
+        async with self._model_lock:
+            if not self._slots_read:
+                path = self.adapter.slots_path
+                assert path is not None
+                try:
+                    body = await self.transport.request_json("GET", path, None, label=path)
+                    count = self.adapter.parse_slot_count(body)
+                except EngineError as exc:
+                    count = None
+                    logger.warning("%s: %s unreadable (%s)", self.name, path, exc)
+                if count is None:
+                    logger.warning(
+                        "%s: the server's slot count is unknown; it places requests itself "
+                        "(a proposal sent right after an early rejection may prefill its "
+                        "prompt on another slot)",
+                        self.name,
+                    )
+                else:
+                    self._slot_plan = SlotPlan(count)
+                self._slots_read = True
+        return self._slot_plan
 
     async def model(self) -> str:
         """The served model name (discovered once when the spec does not give it)."""
@@ -260,16 +304,26 @@ class HttpEngine(ProbeMixin):
         """The proposal's tokens, asking for the rest while an answer stops legitimately short
         (the adapter's :meth:`~backends.adapter.Adapter.continuation`)."""
         part, out = request, None
+        plan = await self.slot_plan()
         while True:
             call = self.adapter.build_generate(part, model, label=label)
-            body = await self.transport.request_json(
-                "POST",
-                call.path,
-                call.payload,
-                label=label,
-                max_bytes=self._cap(part.num_tokens),
-                headers=headers,
-            )
+            slot = plan.take(part.prefix) if plan is not None else None
+            if slot is not None:
+                call = self.adapter.on_slot(call, slot)
+            cached: Sequence[int] = part.prefix
+            try:
+                body = await self.transport.request_json(
+                    "POST",
+                    call.path,
+                    call.payload,
+                    label=label,
+                    max_bytes=self._cap(part.num_tokens),
+                    headers=headers,
+                )
+                cached = _answer_tokens(part.prefix, body)
+            finally:
+                if plan is not None and slot is not None:
+                    plan.give_back(slot, cached)
             fixes = self.adapter.repair_calls(part, body, label=label)
             extra = (
                 await gather_or_fail(
@@ -346,12 +400,20 @@ class HttpEngine(ProbeMixin):
             (whole,) = await self.generate([request], headers=headers)
             yield whole
             return
+        if self.adapter.stream_closes_connection:
+            sent = headers if headers is not None else self.transport.headers
+            headers = RequestHeaders.of({**sent.plain, "Connection": "close"})
         part = request
         received: list[TokenLogprobs] = []  # every chunk so far, for a continuation's prefix
         total = 0
+        plan = await self.slot_plan()
         while True:
             gap, stop, taken = False, None, 0
             call = self.adapter.build_generate(part, model, label=label, stream=True)
+            slot = plan.take(part.prefix) if plan is not None else None
+            if slot is not None:
+                call = self.adapter.on_slot(call, slot)
+            first = len(received)
             # Events arrive in batches (those completed by one network read), parsed and scored
             # as one chunk: when the client falls behind, its costs per chunk are shared.
             events = self.transport.stream_event_batches(
@@ -385,6 +447,8 @@ class HttpEngine(ProbeMixin):
                     yield scored_from_raw(chunk, request.scores, self.spec.vocab_size)
             finally:
                 await events.aclose()
+                if plan is not None and slot is not None:
+                    plan.give_back(slot, _generated_after(part.prefix, received[first:]))
             if gap:
                 async for rest in self._unstreamed_rest(request, received, model, label, headers):
                     yield rest

@@ -333,6 +333,10 @@ class LlamaCppAdapter(Adapter):
     )
     metric_queries_exclude_hits: ClassVar[bool] = True
     streaming: ClassVar[bool] = True
+    # cpp-httplib answers "Keep-Alive: timeout=5, max=100" to a stream, then closes it.
+    stream_closes_connection: ClassVar[bool] = True
+    # One prefix cache per slot: proposals are placed on slots (backends/slots.py).
+    slots_path: ClassVar[str | None] = "/props"
     max_top_k: ClassVar[int | None] = None
     start_hint: ClassVar[str] = (
         "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics -fa on "
@@ -368,6 +372,15 @@ class LlamaCppAdapter(Adapter):
         )
         payload["stream"] = bool(stream)
         return HttpCall("/completion", payload, label, stream=stream)
+
+    def parse_slot_count(self, body: Any) -> int | None:
+        count = body.get("total_slots") if isinstance(body, dict) else None
+        return (
+            count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+        )
+
+    def on_slot(self, call: HttpCall, slot: int) -> HttpCall:
+        return HttpCall(call.path, {**call.payload, "id_slot": int(slot)}, call.label, call.stream)
 
     def parse_stream_event(
         self, request: ProposalRequest, event: Any, *, label: str

@@ -17,8 +17,12 @@ and handed to each chain's runner:
   ``tolerance`` relative to the heads alone: ``n_spec ≤ tolerance·step(heads)/b``.
 
 Until the cost is measured, speculation grows with the evidence of what it costs: one
-speculative sequence, plus one per observation made with more than one sequence in flight (a
-slow start: a compute-bound engine shows its cost before a chain fills its slots, and a
+speculative sequence (none on an engine whose prefix caches are per slot, ``probe=False``: there
+the first speculative request prefills its whole prompt on another slot, which on llama.cpp's
+CPU thread costs more than the proposal saves; its chains speculate once loads they make
+themselves have measured the cost), plus one per observation made with more than one
+sequence in flight (a slow start: a compute-bound engine shows its cost before a chain fills
+its slots, and a
 latency-bound one yields dozens of such observations in its first tokens; observations of a
 lone sequential chain say nothing about the slope). The slow start is also capped by a
 provisional fit of the few observations so far, so a compute-bound engine whose first loaded
@@ -105,6 +109,7 @@ class SpeculationBudget:
         *,
         tolerance: float = DEFAULT_TOLERANCE,
         adaptive: bool = True,
+        probe: bool = True,
     ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError("capacity must be >= 1")
@@ -113,6 +118,9 @@ class SpeculationBudget:
         self.capacity = capacity
         self.tolerance = tolerance
         self.adaptive = adaptive
+        self.probe = probe
+        """Whether the slow start begins with one speculative proposal before anything under
+        load is measured (its probe)."""
         self.heads = 0
         """Sequences of head proposals in flight (what sequential chains would run)."""
         self.speculative = 0
@@ -138,7 +146,7 @@ class SpeculationBudget:
             return math.inf
         fit = self._fit.coefficients()
         if fit is None:
-            slow_start = float(1 + self._loaded_observations)
+            slow_start = float(int(self.probe) + self._loaded_observations)
             early = self._fit.coefficients(PROVISIONAL_OBSERVATIONS)
             return slow_start if early is None else min(slow_start, self._tolerated(*early))
         return self._tolerated(*fit)
@@ -294,7 +302,12 @@ class SpeculationBudget:
         """The slow start's first step is one proposal, whatever its sequences: counted in
         sequences, a MultiTryMH proposal (one per try) would wait for observations under load
         that only such a proposal can make while the block's extension streams alone."""
-        if not self.adaptive or self.speculative > 0 or self._fit.coefficients() is not None:
+        if (
+            not self.adaptive
+            or not self.probe
+            or self.speculative > 0
+            or self._fit.coefficients() is not None
+        ):
             return False
         return self._room() >= sequences
 

@@ -37,7 +37,7 @@ from pydantic import (
 )
 
 from backends import check_routing_key_header
-from backends.registry import BUILTIN_BACKENDS, available_backends, create_engine
+from backends.registry import BUILTIN_BACKENDS, adapter_class, available_backends, create_engine
 from backends.spec import EngineSpec
 from presto_client import defaults
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
@@ -123,6 +123,16 @@ class EngineConfigBase(StrictModel):
         "every extra sequence costs. "
         "Never changes a chain, only its speed.",
     )
+    speculation_probe: bool | None = Field(
+        None,
+        description="Whether PreSTO's stream traversal may send one speculative proposal "
+        "before the engine's cost under load is measured (the probe that starts its "
+        "speculation). null: the engine's default, yes except on llama.cpp, whose prefix "
+        "caches are per slot: a probe prefills its whole prompt on another slot, which on a "
+        "CPU costs more than it saves; its chains then speculate only once loads they make "
+        "themselves (several chains at once) have measured the cost. Set true for llama.cpp "
+        "on a GPU serving one chain at a time. Never changes a chain, only its speed.",
+    )
     eos_token_id: int | None = Field(
         None,
         description="Token id at which final responses are truncated; null: no truncation "
@@ -162,6 +172,11 @@ class EngineConfigBase(StrictModel):
         """Whether the replicas are probed before the job (a served engine)."""
         return False
 
+    def per_slot_caches(self) -> bool:
+        """Whether the engine keeps a prefix cache per slot (llama.cpp), so that a request
+        beside another of the same prompt prefills it again."""
+        return False
+
     def server(self) -> EmbeddedServer | None:
         """An embedded server to start for this engine before it opens (none by default)."""
         return None
@@ -173,6 +188,11 @@ class EngineConfigBase(StrictModel):
             kind=str(getattr(self, "kind", "")),
             max_concurrency=self.max_concurrency,
             speculation_tolerance=self.speculation_tolerance,
+            speculation_probe=(
+                not self.per_slot_caches()
+                if self.speculation_probe is None
+                else self.speculation_probe
+            ),
             eos_token_id=self.resolved_eos_token_id(),
             takes_text=self.takes_text,
             probes=self.probes(),
@@ -311,6 +331,9 @@ class HttpEngineConfig(EngineConfigBase):
 
     def probes(self) -> bool:
         return self.probe
+
+    def per_slot_caches(self) -> bool:
+        return adapter_class(self.kind).slots_path is not None
 
     def opener(self, index: int) -> HttpOpener:
         spec = EngineSpec(

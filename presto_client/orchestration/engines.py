@@ -72,7 +72,10 @@ class OpenedEngine:
             e.max_concurrency,
             e.eos_token_id,
             budgets=[
-                SpeculationBudget(capacity, tolerance=e.speculation_tolerance) for _ in replicas
+                SpeculationBudget(
+                    capacity, tolerance=e.speculation_tolerance, probe=e.speculation_probe
+                )
+                for _ in replicas
             ],
             takes_text=e.takes_text,
         )

@@ -118,6 +118,9 @@ class ManagedLlamaCppConfig(EngineConfigBase):
     def probes(self) -> bool:
         return self.probe
 
+    def per_slot_caches(self) -> bool:
+        return True
+
     def server(self) -> LlamaCppServer:
         return LlamaCppServer(
             self.parallel, self.port, self.startup_timeout_s, self.setup_timeout_s, self.threads

@@ -83,6 +83,9 @@ class PlannedEngine:
     """A server presto starts for the engine before it opens (``None``: none)."""
     speculation_tolerance: float = DEFAULT_TOLERANCE
     """How much speculation may slow a decode step of a replica (its budget's tolerance)."""
+    speculation_probe: bool = True
+    """Whether its budgets probe the cost under load with one speculative proposal before it
+    is measured (off where prefix caches are per slot: llama.cpp)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,11 @@ class ChainWorker:
             handle = OpenedEngine.of(e, replicas, share.max_concurrency)
             handle.max_concurrency = share.engine_slots[name]
             handle.budgets = [
-                SpeculationBudget(share.budget_capacity[name], tolerance=e.speculation_tolerance)
+                SpeculationBudget(
+                    share.budget_capacity[name],
+                    tolerance=e.speculation_tolerance,
+                    probe=e.speculation_probe,
+                )
                 for _ in replicas
             ]
             if self.probe and e.probes:

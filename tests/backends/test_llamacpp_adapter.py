@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from backends.llamacpp import (
 )
 from backends.metrics import prefix_cache_metrics
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
-from presto_client.errors import InvalidResponseError
+from presto_client.errors import EngineError, EngineUnavailableError, InvalidResponseError
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 
 EOS = 2
@@ -49,6 +50,20 @@ def _entry(token: int, logprobs: list[float], ids: list[int]) -> dict[str, Any]:
 def _answer(tokens: list[int], stop: str = "limit", **extra: Any) -> dict[str, Any]:
     probs = [_entry(t, [-0.5, -1.5, -2.5], [t, t + 1, t + 2]) for t in tokens]
     return {"tokens": tokens, "completion_probabilities": probs, "stop_type": stop, **extra}
+
+
+SLOTS = 4
+
+
+def with_props(handler: Callable[[Sent], Answer]) -> Callable[[Sent], Answer]:
+    """``handler`` behind llama-server's ``GET /props`` (its slot count)."""
+
+    def answer(request: Sent) -> Answer:
+        if request.method == "GET" and request.path == "/props":
+            return json_answer(200, {"total_slots": SLOTS})
+        return handler(request)
+
+    return answer
 
 
 def _request(n: int = 3, seed: int = 7) -> ProposalRequest:
@@ -146,7 +161,7 @@ async def test_engine_generates_through_an_eos_with_a_second_request() -> None:
             return json_answer(200, _answer([5, EOS], stop="eos"))
         return json_answer(200, _answer([8, 9, 10][: payload["n_predict"]]))
 
-    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
     try:
         (scored,) = await engine.generate([_request(5)])
     finally:
@@ -161,7 +176,7 @@ async def test_engine_refuses_an_answer_that_stops_short_without_eos() -> None:
     def handler(request: Sent) -> Answer:
         return json_answer(200, _answer([5], stop="word"))
 
-    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
     try:
         with pytest.raises(InvalidResponseError, match="1 tokens, 3 were requested"):
             await engine.generate([_request()])
@@ -210,7 +225,7 @@ async def test_an_ambiguous_held_back_token_is_scored_from_whole_rows() -> None:
         forced = {"id": 0, "logprob": -7.0, "top_logprobs": row}
         return json_answer(200, {"tokens": [0], "completion_probabilities": [forced]})
 
-    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
     try:
         (scored,) = await engine.generate([_request(3)])
     finally:
@@ -235,7 +250,7 @@ async def test_a_held_back_token_gets_its_row_from_a_whole_row_request() -> None
         forced = {"id": 0, "logprob": -7.0, "top_logprobs": row}
         return json_answer(200, {"tokens": [0], "completion_probabilities": [forced]})
 
-    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
     try:
         (scored,) = await engine.generate([_request(3)])
     finally:
@@ -278,3 +293,179 @@ async def test_engine_reads_the_prefix_cache_counters_from_metrics() -> None:
     finally:
         await eng.aclose()
     assert out["prefix_cache_queries"] == 3958 and out["prefix_cache_hits"] == 1562
+
+
+# ---- streaming (llama-server's native /completion SSE, as tools/server sends it: one event per
+# token with its probabilities and the generation's count so far, then a final event with
+# stop_type and no tokens; no [DONE])
+
+
+def _events(tokens: list[int], *, skip: int | None = None, stop: str = "limit") -> list[bytes]:
+    """SSE chunks of a stream of ``tokens``; ``skip``: the index of a token held back (never
+    sent, but counted by tokens_predicted)."""
+    out: list[bytes] = []
+    for i, t in enumerate(tokens):
+        if i == skip:
+            continue
+        event = {
+            "index": 0,
+            "content": f"t{t}",
+            "tokens": [t],
+            "stop": False,
+            "id_slot": -1,
+            "tokens_predicted": i + 1,
+            "completion_probabilities": [_entry(t, [-0.5, -1.5, -2.5], [t, t + 1, t + 2])],
+        }
+        out.append(b"data: " + json.dumps(event).encode() + b"\n\n")
+    final = {"tokens": [], "stop_type": stop, "truncated": False, "tokens_predicted": len(tokens)}
+    out.append(b"data: " + json.dumps(final).encode() + b"\n\n")
+    return out
+
+
+def _sse(chunks: list[bytes]) -> Answer:
+    return Answer(200, headers={"Content-Type": "text/event-stream"}, chunks=chunks)
+
+
+async def _streamed(
+    engine: Any, request: ProposalRequest, stop_after: int | None = None
+) -> tuple[list[int], int]:
+    ids: list[int] = []
+    chunks = 0
+    stream = engine.stream(request)
+    async for chunk in stream:
+        ids += chunk.token_ids.tolist()
+        chunks += 1
+        if stop_after is not None and len(ids) >= stop_after:
+            break
+    await stream.aclose()
+    return ids, chunks
+
+
+async def test_a_proposal_streams_token_by_token_and_asks_to_close_the_connection() -> None:
+    sent: list[Sent] = []
+
+    def handler(request: Sent) -> Answer:
+        sent.append(request)
+        return _sse(_events([5, 6, 7]))
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
+    try:
+        ids, chunks = await _streamed(engine, _request(3))
+    finally:
+        await engine.aclose()
+    assert ids == [5, 6, 7] and chunks == 3
+    payload = json.loads(sent[0].body)
+    assert payload["stream"] is True and payload["id_slot"] in range(SLOTS)
+    # llama-server closes a connection after a stream although it announced keep-alive.
+    assert sent[0].headers["Connection"] == "close"
+
+
+async def test_a_stream_stopped_at_eos_goes_on_in_a_second_stream() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        sent.append(payload)
+        if len(sent) == 1:
+            return _sse(_events([5, EOS], stop="eos"))
+        return _sse(_events([8, 9, 10][: payload["n_predict"]]))
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
+    try:
+        ids, _ = await _streamed(engine, _request(5))
+    finally:
+        await engine.aclose()
+    assert ids == [5, EOS, 8, 9, 10]
+    # The continuation generate() would send: the same prompt, seed and length.
+    assert sent[1]["prompt"] == [10, 11, 12, 5, EOS] and sent[1]["n_predict"] == 3
+    assert sent[1]["seed"] == continuation_seed(7, 2) and sent[1]["stream"] is True
+
+
+async def test_a_token_left_out_of_the_stream_brings_the_rest_from_the_whole_proposal() -> None:
+    sent: list[dict[str, Any]] = []
+    row = [{"id": i, "logprob": lp} for i, lp in ((6, -0.1), (9, -2.0), (4, -3.0), (1, -5.0))]
+
+    def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        sent.append(payload)
+        if payload["stream"]:  # token 6 ends inside a UTF-8 character: never streamed
+            return _sse(_events([5, 6, 7, 8], skip=1))
+        if payload["n_predict"] == 1:  # the row of the held-back token
+            forced = {"id": 0, "logprob": -7.0, "top_logprobs": row}
+            return json_answer(200, {"tokens": [0], "completion_probabilities": [forced]})
+        body = _answer([5, 6, 7, 8])
+        del body["completion_probabilities"][1]
+        return json_answer(200, body)
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
+    try:
+        ids, chunks = await _streamed(engine, _request(4))
+        (whole,) = await engine.generate([_request(4)])
+    finally:
+        await engine.aclose()
+    assert ids == [5, 6, 7, 8] == whole.token_ids.tolist()
+    assert chunks == 2  # token 5 as it streamed, then the rest of the whole proposal
+    assert [p["stream"] for p in sent[:3]] == [True, False, False]
+
+
+async def test_a_refetched_proposal_that_differs_from_its_stream_is_refused() -> None:
+    def handler(request: Sent) -> Answer:
+        if json.loads(request.body)["stream"]:
+            return _sse(_events([5, 6, 7], skip=1))
+        return json_answer(200, _answer([9, 6, 7]))  # another first token: seeds not honoured
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
+    try:
+        with pytest.raises(EngineError, match="differs from what was streamed"):
+            await _streamed(engine, _request(3))
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.parametrize(
+    ("chunks", "error", "needle"),
+    [
+        (_events([5, 6, 7])[:2], EngineUnavailableError, "ended after 2 of 3 tokens"),
+        (
+            [b'data: {"tokens": [], "stop_type": "limit", "truncated": true}\n\n'],
+            InvalidResponseError,
+            "context size",
+        ),
+        ([b'data: {"error": {"message": "boom"}}\n\n'], InvalidResponseError, "boom"),
+        (_events([5, 6], stop="word"), EngineUnavailableError, "ended after 2 of 3 tokens"),
+    ],
+)
+async def test_a_broken_stream_names_what_went_wrong(
+    chunks: list[bytes], error: type[Exception], needle: str
+) -> None:
+    engine = create_engine(
+        _spec(model="m", max_retries=0), pool=MemoryPool(with_props(lambda r: _sse(chunks)))
+    )
+    try:
+        with pytest.raises(error, match=needle):
+            await _streamed(engine, _request(3))
+    finally:
+        await engine.aclose()
+
+
+async def test_the_next_proposal_goes_to_the_slot_an_early_rejection_left() -> None:
+    # A stream closed after two tokens: its slot holds the prompt and those tokens. The next
+    # proposal of that prefix goes there (the server holds it until the slot is free) instead
+    # of a fresh slot that would prefill the whole prompt; another prompt goes elsewhere.
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        sent.append(payload)
+        return _sse(_events(list(range(20, 20 + payload["n_predict"]))))
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
+    other = ProposalRequest((40, 41, 42), 3, 0.25, 1, ScoreSpec((0.25, 1.0)))
+    try:
+        await _streamed(engine, other)
+        await _streamed(engine, _request(8), stop_after=2)
+        await _streamed(engine, ProposalRequest((10, 11, 12, 20), 3, 0.25, 2, ScoreSpec((0.25,))))
+    finally:
+        await engine.aclose()
+    first, rejected, following = (p["id_slot"] for p in sent)
+    assert following == rejected != first
