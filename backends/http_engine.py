@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from backends.adapter import RAW, SCALED, Adapter, HttpCall
 from backends.http_probe import ProbeMixin
+from backends.http_stream import StreamMixin, proposal_label
 from backends.metrics import prefix_cache_metrics
 from backends.parsing import TokenLogprobs, check_token_ids
 from backends.pool import Pool, RequestHeaders
@@ -30,7 +31,6 @@ from backends.spec import Capabilities, EngineSpec, ProbeReport
 from backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
-    IntArray,
     ProposalRequest,
     ScoredTokens,
     ScoreRequest,
@@ -44,7 +44,6 @@ from presto_client.core.scoring import (
 from presto_client.errors import (
     EngineError,
     EngineRequestError,
-    EngineUnavailableError,
     InvalidResponseError,
 )
 from presto_client.urls import redact_url
@@ -58,27 +57,6 @@ _MODEL_LISTINGS = (
 """The model listings that tell the built-in dialects apart when the configured one fails."""
 
 
-def _joined(chunks: Sequence[TokenLogprobs]) -> TokenLogprobs:
-    out = chunks[0]
-    for chunk in chunks[1:]:
-        out = out.concat(chunk)
-    return out
-
-
-def _tail(tokens: TokenLogprobs, start: int) -> TokenLogprobs:
-    return TokenLogprobs(
-        tokens.token_ids[start:],
-        tokens.logprobs[start:],
-        tokens.top_ids[start:],
-        tokens.top_logprobs[start:],
-    )
-
-
-def _generated_after(prefix: Sequence[int], chunks: Sequence[TokenLogprobs]) -> IntArray:
-    """What a slot's cache holds after a request: its prefix and the tokens it generated."""
-    return np.concatenate([np.asarray(prefix, dtype=np.int64), *(c.token_ids for c in chunks)])
-
-
 def _answer_tokens(prefix: Sequence[int], body: Any) -> Sequence[int]:
     """The prefix and a whole answer's ``tokens`` (where it lists them) for the slot plan."""
     tokens = body.get("tokens") if isinstance(body, dict) else None
@@ -87,15 +65,7 @@ def _answer_tokens(prefix: Sequence[int], body: Any) -> Sequence[int]:
     return prefix
 
 
-def _label(request: ProposalRequest, index: int | None = None) -> str:
-    where = "" if index is None else f" {index}"
-    return (
-        f"proposal{where} (seed={request.seed}, {request.num_tokens} tokens at "
-        f"τ={request.temperature:g} after {len(request.prefix)} prefix tokens)"
-    )
-
-
-class HttpEngine(ProbeMixin):
+class HttpEngine(ProbeMixin, StreamMixin):
     """:class:`~presto_client.core.engine_protocol.Engine` over one replica of an HTTP server."""
 
     def __init__(
@@ -165,33 +135,6 @@ class HttpEngine(ProbeMixin):
     def max_concurrency(self) -> int:
         """Requests this replica serves at once (the transport's bound)."""
         return self.spec.max_concurrency
-
-    async def slot_plan(self) -> SlotPlan | None:
-        """The placement of requests on the server's slots (read once), where the dialect
-        places them (:mod:`backends.slots`); ``None``: the server chooses."""
-        if self._slots_read:
-            return self._slot_plan
-        async with self._model_lock:
-            if not self._slots_read:
-                path = self.adapter.slots_path
-                assert path is not None
-                try:
-                    body = await self.transport.request_json("GET", path, None, label=path)
-                    count = self.adapter.parse_slot_count(body)
-                except EngineError as exc:
-                    count = None
-                    logger.warning("%s: %s unreadable (%s)", self.name, path, exc)
-                if count is None:
-                    logger.warning(
-                        "%s: the server's slot count is unknown; it places requests itself "
-                        "(a proposal sent right after an early rejection may prefill its "
-                        "prompt on another slot)",
-                        self.name,
-                    )
-                else:
-                    self._slot_plan = SlotPlan(count)
-                self._slots_read = True
-        return self._slot_plan
 
     async def model(self) -> str:
         """The served model name (discovered once when the spec does not give it)."""
@@ -282,7 +225,10 @@ class HttpEngine(ProbeMixin):
     ) -> list[ScoredTokens]:
         model = await self.model() if requests else ""
         return await gather_or_fail(
-            [self._generate_one(r, model, _label(r, i), headers) for i, r in enumerate(requests)]
+            [
+                self._generate_one(r, model, proposal_label(r, i), headers)
+                for i, r in enumerate(requests)
+            ]
         )
 
     async def _generate_one(
@@ -379,119 +325,6 @@ class HttpEngine(ProbeMixin):
         return self._checked(
             self.adapter.parse_score_bodies(prefix, token_ids, bodies, k, label=slabel), slabel
         )
-
-    # ---- stream
-
-    async def stream(
-        self, request: ProposalRequest, *, headers: RequestHeaders | None = None
-    ) -> AsyncGenerator[ScoredTokens, None]:
-        """Scores of one proposal, chunk by chunk as the server produces them.
-
-        Raw modes stream over SSE; scaled modes (two calls) and dialects without streaming
-        yield the whole proposal as one chunk. Closing the iterator closes the HTTP stream.
-        A stream that stops at an end-of-generation token goes on in a second one (the
-        adapter's :meth:`~backends.adapter.Adapter.continuation`); one that leaves a token out
-        (:meth:`~backends.adapter.Adapter.stream_generated` counts past what came) is closed,
-        and the rest comes from the whole proposal, fetched unstreamed.
-        """
-        label = _label(request)
-        model = await self.model()
-        if not self.capabilities.streaming:
-            (whole,) = await self.generate([request], headers=headers)
-            yield whole
-            return
-        if self.adapter.stream_closes_connection:
-            sent = headers if headers is not None else self.transport.headers
-            headers = RequestHeaders.of({**sent.plain, "Connection": "close"})
-        part = request
-        received: list[TokenLogprobs] = []  # every chunk so far, for a continuation's prefix
-        total = 0
-        plan = await self.slot_plan()
-        while True:
-            gap, stop, taken = False, None, 0
-            call = self.adapter.build_generate(part, model, label=label, stream=True)
-            slot = plan.take(part.prefix) if plan is not None else None
-            if slot is not None:
-                call = self.adapter.on_slot(call, slot)
-            first = len(received)
-            # Events arrive in batches (those completed by one network read), parsed and scored
-            # as one chunk: when the client falls behind, its costs per chunk are shared.
-            events = self.transport.stream_event_batches(
-                call.path,
-                call.payload,
-                label=label,
-                max_bytes=self._cap(part.num_tokens),
-                headers=headers,
-            )
-            try:
-                async for batch in events:
-                    chunk = self.adapter.parse_stream_events(part, batch, label=label)
-                    stop = self.adapter.stream_stop(batch) or stop
-                    n = 0 if chunk is None else len(chunk)
-                    generated = self.adapter.stream_generated(batch)
-                    if generated is not None and generated > taken + n:
-                        gap = True
-                        break
-                    if chunk is None or n == 0:
-                        continue
-                    self._checked(chunk, label)
-                    taken += n
-                    total += n
-                    if total > request.num_tokens:
-                        raise EngineError(
-                            f"{label}: the stream delivered {total} tokens, "
-                            f"{request.num_tokens} were requested",
-                            engine=self.name,
-                        )
-                    received.append(chunk)
-                    yield scored_from_raw(chunk, request.scores, self.spec.vocab_size)
-            finally:
-                await events.aclose()
-                if plan is not None and slot is not None:
-                    plan.give_back(slot, _generated_after(part.prefix, received[first:]))
-            if gap:
-                async for rest in self._unstreamed_rest(request, received, model, label, headers):
-                    yield rest
-                return
-            if total == request.num_tokens:
-                return
-            following = None
-            if stop == "eos" and taken:
-                following = self.adapter.continuation(request, _joined(received))
-            if following is None:
-                # A stream that ends short without an error is a connection that went away
-                # midway (the server died or restarted): a reader may request it again.
-                raise EngineUnavailableError(
-                    f"{label}: the stream ended after {total} of {request.num_tokens} tokens "
-                    "(the server is unavailable, or dropped the connection)",
-                    engine=self.name,
-                    retryable=True,
-                )
-            part = following
-
-    async def _unstreamed_rest(
-        self,
-        request: ProposalRequest,
-        received: Sequence[TokenLogprobs],
-        model: str,
-        label: str,
-        headers: RequestHeaders | None,
-    ) -> AsyncGenerator[ScoredTokens, None]:
-        """What follows the chunks ``received`` of ``request``, from the whole proposal fetched
-        unstreamed as :meth:`generate` fetches it (its seeds give the same tokens, its repairs
-        fill what the stream left out)."""
-        whole = await self._generate_tokens(request, model, label, headers)
-        streamed = _joined(received).token_ids if received else np.zeros(0, dtype=np.int64)
-        n = len(streamed)
-        if len(whole) < n or not np.array_equal(whole.token_ids[:n], streamed):
-            raise EngineError(
-                f"{label}: the proposal fetched again after its stream left a token out differs "
-                f"from what was streamed; {self.adapter.hint_for_seeds()}",
-                engine=self.name,
-            )
-        rest = _tail(whole, n)
-        if len(rest):
-            yield scored_from_raw(rest, request.scores, self.spec.vocab_size)
 
     # ---- exact scores
 

@@ -196,7 +196,7 @@ class StreamBase(ChainRunner):
                 if previous is not None:  # the first chunk carries queueing and prefill
                     budget.observe(n, now - previous, budget.in_flight)
                 elif n == request.num_tokens:
-                    # The whole proposal in one chunk (an engine that does not stream: llama.cpp,
+                    # The whole proposal in one chunk (an engine that does not stream: SGLang,
                     # scaled modes): measured as one request, as the round runners measure theirs.
                     # Without this the budget never learns such an engine's cost, and a chain
                     # speculates up to every free slot of a compute-bound server.

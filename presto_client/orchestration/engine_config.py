@@ -5,14 +5,14 @@ except ``kind: llamacpp`` without a URL: llama.cpp that presto builds and starts
 (:mod:`.llamacpp_engine`, its own union tag); every other kind is a class of its own
 registered by its ``kind`` with :func:`register_engine_kind` (the embedded server and the
 reference model below; a new in-process kind is one file that defines its class and registers
-it). The job config's ``engines`` union is
-built from this registry, so a config error still names the field path and lists valid kinds.
+it). The job config's ``engines`` union is built from this registry, so a config error still
+names the field path and lists valid kinds.
 
 Each class knows how its replicas are opened (:meth:`opener`: a plain object the plan holds, so
 nothing below the plan sees these models), how to describe itself (:meth:`describe`), what it
-serves in a run's fingerprint (:meth:`fingerprint_model`), and whether it takes text prompts
-(:attr:`takes_text`), so nothing else switches on engine kinds.
-HTTP kinds are the backends' registry (:mod:`backends.registry`), never restated here.
+serves in a run's fingerprint (:meth:`fingerprint_model`), whether it takes text prompts
+(:attr:`takes_text`) and keeps its prefix caches per slot (:meth:`per_slot_caches`), so nothing
+else switches on engine kinds. HTTP kinds are the backends' registry, never restated here.
 """
 
 from __future__ import annotations
@@ -116,22 +116,18 @@ class EngineConfigBase(StrictModel):
     speculation_tolerance: float = Field(
         DEFAULT_TOLERANCE,
         ge=0,
-        description="How much the speculative proposals of PreSTO's traversals may slow a decode "
-        "step of this engine, as a fraction of the step of the chains' own requests alone (its "
-        "measured cost, per replica). Higher buys speed with the engine's time where many chains "
-        "share it (past the tolerance a lone chain's likely proposals go out anyway); on a CPU "
-        "every extra sequence costs. "
-        "Never changes a chain, only its speed.",
+        description="How much PreSTO's speculative proposals may slow a decode step of this "
+        "engine, as a fraction of the step of the chains' own requests alone (measured per "
+        "replica). Higher buys speed with the engine's time where many chains share it (past "
+        "the tolerance a lone chain's likely proposals go out anyway); on a CPU every extra "
+        "sequence costs. Never changes a chain, only its speed.",
     )
     speculation_probe: bool | None = Field(
         None,
-        description="Whether PreSTO's stream traversal may send one speculative proposal "
-        "before the engine's cost under load is measured (the probe that starts its "
-        "speculation). null: the engine's default, yes except on llama.cpp, whose prefix "
-        "caches are per slot: a probe prefills its whole prompt on another slot, which on a "
-        "CPU costs more than it saves; its chains then speculate only once loads they make "
-        "themselves (several chains at once) have measured the cost. Set true for llama.cpp "
-        "on a GPU serving one chain at a time. Never changes a chain, only its speed.",
+        description="Whether stream may send a speculative proposal before the engine's cost "
+        "under load is measured. null: yes, except on llama.cpp (per-slot prefix caches: a "
+        "probe prefills its prompt on another slot; its chains speculate once several at once "
+        "have measured the cost). Never changes a chain, only its speed.",
     )
     eos_token_id: int | None = Field(
         None,
@@ -172,9 +168,7 @@ class EngineConfigBase(StrictModel):
         """Whether the replicas are probed before the job (a served engine)."""
         return False
 
-    def per_slot_caches(self) -> bool:
-        """Whether the engine keeps a prefix cache per slot (llama.cpp), so that a request
-        beside another of the same prompt prefills it again."""
+    def per_slot_caches(self) -> bool:  # llama.cpp
         return False
 
     def server(self) -> EmbeddedServer | None:
@@ -188,11 +182,8 @@ class EngineConfigBase(StrictModel):
             kind=str(getattr(self, "kind", "")),
             max_concurrency=self.max_concurrency,
             speculation_tolerance=self.speculation_tolerance,
-            speculation_probe=(
-                not self.per_slot_caches()
-                if self.speculation_probe is None
-                else self.speculation_probe
-            ),
+            speculation_probe=self.speculation_probe is True
+            or (self.speculation_probe is None and not self.per_slot_caches()),
             eos_token_id=self.resolved_eos_token_id(),
             takes_text=self.takes_text,
             probes=self.probes(),
@@ -228,9 +219,7 @@ class HttpEngineConfig(EngineConfigBase):
     )
     top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
     request_timeout_s: float = Field(
-        defaults.REQUEST_TIMEOUT_S,
-        gt=0,
-        description="Longest silence of the server within one request, seconds.",
+        defaults.REQUEST_TIMEOUT_S, gt=0, description="Longest silence within a request, seconds."
     )
     connect_timeout_s: float = Field(
         defaults.CONNECT_TIMEOUT_S, gt=0, description="Connect timeout, seconds."
@@ -248,9 +237,7 @@ class HttpEngineConfig(EngineConfigBase):
         "top-K; an SSE line may take a sixteenth); larger answers are refused.",
     )
     max_retries: int = Field(
-        defaults.MAX_RETRIES,
-        ge=0,
-        description="Retries of a request on timeouts and HTTP 408/429/500.",
+        defaults.MAX_RETRIES, ge=0, description="Retries on timeouts and HTTP 408/429/500."
     )
     restart_window_s: float = Field(
         defaults.RESTART_WINDOW_S,

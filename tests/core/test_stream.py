@@ -344,6 +344,25 @@ def test_an_unmeasured_budget_grows_speculation_with_observations_under_load() -
     assert fresh.try_acquire(5) and not fresh.try_acquire(1)
 
 
+def test_without_a_probe_speculation_waits_for_loads_the_chains_make() -> None:
+    """Per-slot prefix caches (llama.cpp): no speculative proposal before anything under load
+    is measured, not even the slow start's first (whatever its sequences); loads that the
+    chains' own heads make (several chains at once) then open it as they would."""
+    budget = SpeculationBudget(None, probe=False)
+    budget.add_head(1)
+    assert budget.available() == 0
+    assert not budget.try_acquire(1) and not budget.try_acquire(4)  # MultiTryMH's first too
+    for _ in range(20):
+        budget.observe(8, 0.08, 1)  # a lone chain: nothing under load, still nothing
+    assert budget.available() == 0
+    budget.observe(8, 0.081, 2)  # two chains' heads at once: a flat cost, measured
+    assert budget.fitted() is not None and budget.available() > 1 and budget.try_acquire(1)
+    fresh = SpeculationBudget(None, probe=False)
+    fresh.observe(8, 0.16, 2)  # before the fit: the slow start counts loads, from zero
+    assert fresh.fitted() is None and fresh.available() == 1
+    assert SpeculationBudget(None).try_acquire(4)  # with the probe: the first one goes
+
+
 def test_a_steep_first_cost_stops_the_slow_start() -> None:
     """Before the fit is trusted (16 samples) the slow start grows with each observation under
     load, unless the few observations so far already show every sequence costing more than the

@@ -100,3 +100,24 @@ def test_a_negative_speculation_tolerance_is_refused_with_its_place() -> None:
     }
     with pytest.raises(ConfigError, match=r"engines\[0\]\.speculation_tolerance"):
         validate_job_config(config)
+
+
+@pytest.mark.parametrize(
+    ("engine", "probe"),
+    [
+        ({"kind": "reference"}, True),
+        ({"kind": "vllm", "base_url": "http://v:8000"}, True),
+        ({"kind": "llamacpp", "base_url": "http://l:8790"}, False),  # per-slot prefix caches
+        ({"kind": "llamacpp"}, False),  # started by presto
+        ({"kind": "llamacpp", "base_url": "http://l:8790", "speculation_probe": True}, True),
+        ({"kind": "vllm", "base_url": "http://v:8000", "speculation_probe": False}, False),
+    ],
+)
+def test_the_speculation_probe_is_off_where_prefix_caches_are_per_slot(
+    engine: dict[str, Any], probe: bool
+) -> None:
+    job = validate_job_config({"engines": [engine], "prompts": {"token_ids": [[1, 2]]}})
+    planned = job.engines[0].planned(0)
+    assert planned.speculation_probe is probe
+    budget = OpenedEngine.of(planned, [object()], job_max_concurrency=8).budgets[0]
+    assert budget.probe is probe
