@@ -60,6 +60,9 @@ class Adapter:
     metric_queries_exclude_hits: ClassVar[bool] = False
     """The 'queries' counter leaves out the cached tokens (``queries = it + hits``)."""
     streaming: ClassVar[bool] = False
+    stream_reports_progress: ClassVar[bool] = False
+    """Its streams can stop at an end-of-generation token or leave a token out, and say so
+    (:meth:`stream_stop`, :meth:`stream_generated`): the engine watches every batch."""
     stream_closes_connection: ClassVar[bool] = False
     """The server closes its connection after a streamed answer although it announced
     keep-alive: streams then ask for ``Connection: close``, so no request is written into a

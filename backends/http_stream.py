@@ -145,10 +145,13 @@ class StreamMixin:
         if self.adapter.stream_closes_connection:
             sent = headers if headers is not None else self.transport.headers
             headers = RequestHeaders.of({**sent.plain, "Connection": "close"})
+        # Only a dialect whose streams can stop at an EOS or leave a token out pays for
+        # watching them (the count and the stop of each batch, the chunks kept).
+        watch = self.adapter.stream_reports_progress
         part = request
-        received: list[TokenLogprobs] = []  # every chunk so far, for a continuation's prefix
+        received: list[TokenLogprobs] = []  # the chunks so far, for a continuation's prefix
         total = 0
-        plan = await self.slot_plan()
+        plan = self._slot_plan if self._slots_read else await self.slot_plan()
         while True:
             gap, stop, taken = False, None, 0
             call = self.adapter.build_generate(part, model, label=label, stream=True)
@@ -168,12 +171,13 @@ class StreamMixin:
             try:
                 async for batch in events:
                     chunk = self.adapter.parse_stream_events(part, batch, label=label)
-                    stop = self.adapter.stream_stop(batch) or stop
                     n = 0 if chunk is None else len(chunk)
-                    generated = self.adapter.stream_generated(batch)
-                    if generated is not None and generated > taken + n:
-                        gap = True
-                        break
+                    if watch:
+                        stop = self.adapter.stream_stop(batch) or stop
+                        generated = self.adapter.stream_generated(batch)
+                        if generated is not None and generated > taken + n:
+                            gap = True
+                            break
                     if chunk is None or n == 0:
                         continue
                     self._checked(chunk, label)
@@ -185,7 +189,8 @@ class StreamMixin:
                             f"{request.num_tokens} were requested",
                             engine=self.name,
                         )
-                    received.append(chunk)
+                    if watch:
+                        received.append(chunk)
                     yield scored_from_raw(chunk, request.scores, self.spec.vocab_size)
             finally:
                 await events.aclose()

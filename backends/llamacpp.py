@@ -333,6 +333,7 @@ class LlamaCppAdapter(Adapter):
     )
     metric_queries_exclude_hits: ClassVar[bool] = True
     streaming: ClassVar[bool] = True
+    stream_reports_progress: ClassVar[bool] = True
     # cpp-httplib answers "Keep-Alive: timeout=5, max=100" to a stream, then closes it.
     stream_closes_connection: ClassVar[bool] = True
     # One prefix cache per slot: proposals are placed on slots (backends/slots.py).
