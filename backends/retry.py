@@ -68,6 +68,14 @@ def is_restart_symptom(exc: BaseException | None) -> bool:
     return isinstance(exc, ConnectError | RemoteProtocolError | ReadError)
 
 
+def is_dropped_connection(exc: BaseException | None) -> bool:
+    """A connection closed under a request (reset, or closed before any answer). Most often
+    a kept-alive connection the server had already closed (its idle timeout; llama-server
+    after every stream), which the request never reached: sent again at once, the first time
+    (a server really going down then refuses the new connection, and backs off as a restart)."""
+    return isinstance(exc, RemoteProtocolError | ReadError)
+
+
 def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, RetryableHTTPError):
         return True
@@ -84,6 +92,8 @@ class _Wait:
         exc = state.outcome.exception() if state.outcome is not None else None
         if isinstance(exc, RetryableHTTPError) and exc.retry_after is not None:
             return exc.retry_after
+        if state.attempt_number == 1 and is_dropped_connection(exc):
+            return 0.0
         return float(self._backoff(state))
 
 

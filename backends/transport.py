@@ -48,6 +48,7 @@ from backends.retry import (
     RETRY_STATUSES,
     RetryableHTTPError,
     Sleep,
+    is_dropped_connection,
     is_restart_symptom,
     parse_retry_after,
     retrying,
@@ -237,7 +238,11 @@ class Transport:
             if is_restart_symptom(exc)
             else f"of {self.max_retries + 1}"
         )
-        logger.warning(
+        # A dropped connection's first retry is routine (a kept-alive connection the server
+        # had closed): said only at debug level.
+        quiet = state.attempt_number == 1 and is_dropped_connection(exc)
+        logger.log(
+            logging.DEBUG if quiet else logging.WARNING,
             "[%s] retrying %s (attempt %d %s) after %s",
             self.engine_name,
             self.base_url,

@@ -4,11 +4,12 @@ in-memory pool; the bound on requests in flight is the aiohttp pool's: test_back
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 
 import pytest
 
-from backends.pool import ConnectError
+from backends.pool import ConnectError, ReadError, RemoteProtocolError
 from backends.retry import parse_retry_after
 from backends.transport import Transport
 from presto_client.concurrency import gather_or_fail
@@ -203,3 +204,35 @@ async def test_gather_or_fail_cancels_siblings_on_failure() -> None:
         await gather_or_fail([slow(0), fail(), slow(2)])
     assert sorted(cancelled) == [0, 2]
     assert await gather_or_fail([asyncio.sleep(0, result=1)]) == [1]
+
+
+@pytest.mark.parametrize("error", [ReadError, RemoteProtocolError])
+async def test_a_dropped_connection_is_sent_again_at_once_then_backs_off(
+    error: type[Exception], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A kept-alive connection the server had closed (llama-server closes one after every
+    # stream) fails the request written into it: the first retry goes at once, quietly; a
+    # second failure is a server going down, and backs off as a restart.
+    calls = 0
+
+    def handler(request: Sent) -> Answer:
+        nonlocal calls
+        calls += 1
+        if calls <= (1 if request.path == "/once" else 2):
+            raise error("Can not write request body")
+        return json_answer(200, {"ok": True})
+
+    sleeps: list[float] = []
+    t = make(handler, sleeps, max_retries=3)
+    with caplog.at_level(logging.DEBUG, logger="backends.transport"):
+        assert await t.request_json("POST", "/once", {}, label="p") == {"ok": True}
+    assert sleeps == [0.0] and calls == 2
+    assert [r.levelno for r in caplog.records if "retrying" in r.message] == [logging.DEBUG]
+    calls, sleeps[:] = 0, []
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="backends.transport"):
+        assert await t.request_json("POST", "/twice", {}, label="p") == {"ok": True}
+    assert sleeps[0] == 0.0 and sleeps[1] > 0 and calls == 3
+    levels = [r.levelno for r in caplog.records if "retrying" in r.message]
+    assert levels == [logging.DEBUG, logging.WARNING]
+    await t.aclose()
