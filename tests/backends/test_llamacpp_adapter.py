@@ -6,6 +6,7 @@ over the in-memory pool."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -469,3 +470,29 @@ async def test_the_next_proposal_goes_to_the_slot_an_early_rejection_left() -> N
         await engine.aclose()
     first, rejected, following = (p["id_slot"] for p in sent)
     assert following == rejected != first
+
+
+async def test_without_a_slot_count_the_server_places_requests_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: Sent) -> Answer:
+        if request.method == "GET":  # a server (or proxy) without /props
+            return json_answer(404, {"error": {"message": "not found"}})
+        payload = json.loads(request.body)
+        sent.append(payload)
+        return (
+            _sse(_events([5, 6, 7])) if payload["stream"] else json_answer(200, _answer([5, 6, 7]))
+        )
+
+    engine = create_engine(_spec(model="m", max_retries=0), pool=MemoryPool(handler))
+    try:
+        with caplog.at_level(logging.WARNING, logger="backends.http_engine"):
+            assert (await _streamed(engine, _request(3)))[0] == [5, 6, 7]
+            (whole,) = await engine.generate([_request(3)])
+    finally:
+        await engine.aclose()
+    assert whole.token_ids.tolist() == [5, 6, 7]
+    assert all("id_slot" not in p for p in sent)
+    assert sum("slot count is unknown" in r.message for r in caplog.records) == 1
