@@ -132,6 +132,9 @@ class SpeculationBudget:
         self.refused_for_slots = False
         """Whether the last refusal of :meth:`try_acquire` was for lack of the engine's slots
         (its concurrency bound, after the heads' share) rather than the cost tolerated."""
+        self.refused_unmeasured = False
+        """Whether the last refusal came before any cost under load was measured, with no probe
+        to measure it (:attr:`probe` off)."""
         self._value: dict[str, tuple[float, float]] = {}
         """Per rule: decayed sums of predicted and realised extra transitions per round."""
 
@@ -263,6 +266,9 @@ class SpeculationBudget:
             and not (used is not None and self.worth_past_the_tolerance(sequences, used, own))
         ):
             self.refused_for_slots = self._room() - reserved < sequences
+            self.refused_unmeasured = (
+                self.adaptive and not self.probe and self._loaded_observations == 0
+            )
             return False
         self.speculative += sequences
         self.peak_speculative = max(self.peak_speculative, self.speculative)

@@ -84,6 +84,9 @@ class ChainStats:
     slot_refusals: int = 0
     """``stream``: of those, the ones cut short for lack of the engine's slots (its concurrency
     bound after the heads' share) rather than by the cost tolerated."""
+    unmeasured_refusals: int = 0
+    """``stream``: of those, the ones cut short because the engine's cost under load is not
+    measured yet and its budget sends no probe (``speculation_probe`` off: llama.cpp)."""
     extend_wall_s: float = 0.0
     tighten_wall_s: float = 0.0
     chain_wall_s: float = 0.0
@@ -154,6 +157,7 @@ class ChainStats:
             "floor_wait_s": self.floor_wait_s,
             "budget_refusals": self.budget_refusals,
             "slot_refusals": self.slot_refusals,
+            "unmeasured_refusals": self.unmeasured_refusals,
             "model_call_time_s": self.model_call_time_s,
             "extend_time_s": self.extend_wall_s,
             "chain_wall_s": self.chain_wall_s,

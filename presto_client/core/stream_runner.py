@@ -403,6 +403,7 @@ class StreamRunner(StreamBranches):
         if not already:
             self.stats.budget_refusals += 1
             self.stats.slot_refusals += self.budget.refused_for_slots
+            self.stats.unmeasured_refusals += self.budget.refused_unmeasured
 
     def _count_wait(self, k: int, waited: float, reached: bool) -> None:
         """Why the walk waited ``waited`` seconds for transition ``k``'s proposal: an earlier

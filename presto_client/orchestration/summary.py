@@ -55,6 +55,7 @@ _SUM_KEYS = (
     "floor_wait_s",
     "budget_refusals",
     "slot_refusals",
+    "unmeasured_refusals",
     "model_call_time_s",
     "extend_time_s",
 )
@@ -358,6 +359,7 @@ def summarize(
             "floor_wait_s": totals["floor_wait_s"],
             "budget_refusals": int(totals["budget_refusals"]),
             "slot_refusals": int(totals["slot_refusals"]),
+            "unmeasured_refusals": int(totals["unmeasured_refusals"]),
             "model_call_time_s": totals["model_call_time_s"],
             "model_call_time_median_s": statistics.median(chain_times) if chain_times else None,
             "extend_time_s": totals["extend_time_s"],

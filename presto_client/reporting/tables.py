@@ -160,7 +160,13 @@ def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
         if budget < BUDGET_WAIT_HINT_SHARE * waited or budget <= causes["floor_wait_s"]:
             continue
         refusals = int(arm.get("budget_refusals") or 0)
-        if 2 * int(arm.get("slot_refusals") or 0) > refusals:
+        if 2 * int(arm.get("unmeasured_refusals") or 0) > refusals:
+            lines.append(
+                "  nothing under load is measured yet and the engine sends no probe "
+                "(speculation_probe off, the default on llama.cpp): its chains speculate once "
+                "several run at once; set speculation_probe: true where speculation pays (a GPU)"
+            )
+        elif 2 * int(arm.get("slot_refusals") or 0) > refusals:
             lines.append(
                 "  the engine's slots bind (its max_concurrency, after what the chains' own "
                 "requests take): more requests in flight would help only if the server has "

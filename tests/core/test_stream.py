@@ -352,11 +352,16 @@ def test_without_a_probe_speculation_waits_for_loads_the_chains_make() -> None:
     budget.add_head(1)
     assert budget.available() == 0
     assert not budget.try_acquire(1) and not budget.try_acquire(4)  # MultiTryMH's first too
+    assert budget.refused_unmeasured  # what the run table tells the user (speculation_probe)
     for _ in range(20):
         budget.observe(8, 0.08, 1)  # a lone chain: nothing under load, still nothing
     assert budget.available() == 0
     budget.observe(8, 0.081, 2)  # two chains' heads at once: a flat cost, measured
     assert budget.fitted() is not None and budget.available() > 1 and budget.try_acquire(1)
+    full = SpeculationBudget(2, probe=False)
+    full.observe(8, 0.16, 2)
+    full.add_head(2)
+    assert not full.try_acquire(1) and not full.refused_unmeasured  # refused for its slots
     fresh = SpeculationBudget(None, probe=False)
     fresh.observe(8, 0.16, 2)  # before the fit: the slow start counts loads, from zero
     assert fresh.fitted() is None and fresh.available() == 1

@@ -61,7 +61,9 @@ def test_the_table_says_why_the_stream_walk_waited_and_when_the_budget_binds() -
     costly = _arm("g/stream", budget_wait_s=3.0, floor_wait_s=20.0)
     # Saturation: the heads fill the engine's slots, no tolerance would help.
     full = _arm("h/stream", budget_wait_s=20.0, budget_refusals=40, slot_refusals=39)
-    arms = [_arm("e/sequential"), bound, free, costly, full]
+    # llama.cpp, one chain at a time: no probe, so nothing under load is ever measured.
+    blind = _arm("u/stream", budget_wait_s=5.6, budget_refusals=24, unmeasured_refusals=24)
+    arms = [_arm("e/sequential"), bound, free, costly, full, blind]
     table = format_summary_table({"arms": arms})
     lines = table.splitlines()
     e = next(i for i, line in enumerate(lines) if line.startswith("e/stream: the walk waited"))
@@ -73,6 +75,8 @@ def test_the_table_says_why_the_stream_walk_waited_and_when_the_budget_binds() -
     assert not lines[g + 1].startswith("  ")  # no hint
     h = next(i for i, line in enumerate(lines) if line.startswith("h/stream: the walk waited"))
     assert "slots bind" in lines[h + 1] and "speculation_tolerance" not in lines[h + 1]
+    u = next(i for i, line in enumerate(lines) if line.startswith("u/stream: the walk waited"))
+    assert "speculation_probe: true" in lines[u + 1] and "tolerance" not in lines[u + 1]
     assert not any(line.startswith("e/sequential:") for line in lines)
 
 
