@@ -250,13 +250,13 @@ class HttpEngine(ProbeMixin, StreamMixin):
         """The proposal's tokens, asking for the rest while an answer stops legitimately short
         (the adapter's :meth:`~backends.adapter.Adapter.continuation`)."""
         part, out = request, None
-        plan = await self.slot_plan()
+        plan = self._slot_plan if self._slots_read else await self.slot_plan()
         while True:
             call = self.adapter.build_generate(part, model, label=label)
             slot = plan.take(part.prefix) if plan is not None else None
             if slot is not None:
                 call = self.adapter.on_slot(call, slot)
-            cached: Sequence[int] = part.prefix
+            body = None
             try:
                 body = await self.transport.request_json(
                     "POST",
@@ -266,10 +266,9 @@ class HttpEngine(ProbeMixin, StreamMixin):
                     max_bytes=self._cap(part.num_tokens),
                     headers=headers,
                 )
-                cached = _answer_tokens(part.prefix, body)
             finally:
                 if plan is not None and slot is not None:
-                    plan.give_back(slot, cached)
+                    plan.give_back(slot, _answer_tokens(part.prefix, body))
             fixes = self.adapter.repair_calls(part, body, label=label)
             extra = (
                 await gather_or_fail(

@@ -229,16 +229,23 @@ async def test_a_token_inside_a_utf8_character_gets_its_row(llamacpp_server: str
         await eng.aclose()
 
 
-async def streamed(eng: HttpEngine, req: ProposalRequest) -> tuple[list[int], np.ndarray, int]:
-    """The proposal as ``stream`` yields it: its tokens, ``log p0`` and the number of chunks."""
+async def streamed(
+    eng: HttpEngine, req: ProposalRequest, stop_after: int | None = None
+) -> tuple[list[int], np.ndarray, list[float]]:
+    """The proposal as ``stream`` yields it: its tokens, ``log p0`` and when each chunk came;
+    ``stop_after``: closed (an early rejection) once that many tokens are in."""
     ids: list[int] = []
     logp0: list[float] = []
-    chunks = 0
-    async for chunk in eng.stream(req):
+    arrivals: list[float] = []
+    stream = eng.stream(req)
+    async for chunk in stream:
         ids += chunk.token_ids.tolist()
         logp0 += chunk.logp0.tolist()
-        chunks += 1
-    return ids, np.asarray(logp0), chunks
+        arrivals.append(time.perf_counter())
+        if stop_after is not None and len(ids) >= stop_after:
+            break
+    await stream.aclose()
+    return ids, np.asarray(logp0), arrivals
 
 
 @pytest.mark.parametrize(
@@ -257,7 +264,8 @@ async def test_a_streamed_proposal_is_the_generated_one(
         prompt = await eng.tokenize(text, chat_template=True)
         req = ProposalRequest(prompt, n, TAU, seed, ScoreSpec((TAU, 1.0)))
         (whole,) = await eng.generate([req])
-        ids, logp0, chunks = await streamed(eng, req)
+        ids, logp0, arrivals = await streamed(eng, req)
+        chunks = len(arrivals)
         assert ids == whole.token_ids.tolist(), what
         assert np.abs(logp0 - whole.logp0).max() < TOL, what
         if what == "through an EOS":
@@ -285,27 +293,28 @@ async def test_closing_a_stream_frees_its_slot(llamacpp_server: str) -> None:
     eng = engine(llamacpp_server)
     try:
         (prompt, _) = await prompts(eng)
-        # 1,900 tokens take 40 s or more on this CPU: a slot that stops within 10 s was stopped.
         req = ProposalRequest(prompt, 1900, TAU, 11, ScoreSpec((TAU, 1.0)))
-        t0 = time.perf_counter()
-        stream = eng.stream(req)
-        got = 0
-        async for chunk in stream:
-            got += len(chunk)
-            if got >= 4:
-                break
-        await stream.aclose()
-        t1 = time.perf_counter()
+        ids, _, arrivals = await streamed(eng, req, stop_after=8)
+        # The rest would take this long if the server kept generating it (the pace measured
+        # after the first chunk, which carries the prefill): a slot that stops within half of
+        # it (between 1 s, for chunks that came together, and 10 s) was stopped, on a fast
+        # machine as on a loaded one.
+        per_token = (arrivals[-1] - arrivals[0]) / max(len(ids) - 1, 1)
+        wait = min(10.0, max(1.0, 0.5 * per_token * (req.num_tokens - len(ids))))
         async with httpx.AsyncClient(base_url=llamacpp_server, timeout=60) as client:
-            deadline = time.perf_counter() + 10
+            deadline = time.perf_counter() + wait
             while time.perf_counter() < deadline:
                 slots = (await client.get("/slots")).json()
                 if not any(s.get("is_processing") for s in slots):
                     break
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
             else:
-                pytest.fail("a slot still generates the closed stream's proposal 10 s later")
-        print(f"\n{got} tokens streamed in {t1 - t0:.2f} s; the server stopped it")
+                pytest.fail(
+                    f"a slot still generates the closed stream's proposal {wait:.1f} s later"
+                )
+        print(
+            f"\n{len(ids)} tokens streamed at {per_token * 1e3:.1f} ms each; the server stopped it"
+        )
     finally:
         await eng.aclose()
 
@@ -325,13 +334,7 @@ async def test_the_proposal_after_an_early_rejection_reuses_its_slots_cache(
         prompt = await eng.tokenize(" ".join(TEXTS * 6), chat_template=True)
         await eng.generate([ProposalRequest(prompt, 1, TAU, 1, ScoreSpec((TAU,)))])
         req = ProposalRequest(prompt, 400, TAU, 11, ScoreSpec((TAU, 1.0)))
-        stream = eng.stream(req)
-        head: list[int] = []
-        async for chunk in stream:
-            head += chunk.token_ids.tolist()
-            if len(head) >= 6:
-                break
-        await stream.aclose()
+        head, _, _ = await streamed(eng, req, stop_after=6)
         before = await eng.metrics()
         following = ProposalRequest((*prompt, *head[:3]), 4, TAU, 12, ScoreSpec((TAU, 1.0)))
         (out,) = await eng.generate([following])
