@@ -16,6 +16,7 @@ from presto_client.core.accept_branch import AcceptPredictor, Watch
 from presto_client.core.state import ChainState
 from presto_client.core.stream_base import SPECULATIVE, StreamBase
 from presto_client.core.stream_flight import InFlight, join_chunks
+from presto_client.errors import InvalidResponseError
 
 SURVIVAL_FLOOR = 0.1
 """A speculative proposal is issued only while it is this likely to be usable at its turn
@@ -38,6 +39,8 @@ BRANCH_WATCH = 4
 """Besides the head, the next proposals of the window whose accept branches are speculated."""
 BRANCH_SPAN = 24
 """An accept branch holds proposals of at most this many transitions after its own."""
+Threat = tuple[int, float]
+"""A transition before a proposal's: its cut, and how likely it accepts."""
 ACCEPT_PRIOR = (1.2, 4.0)
 """Prior of the acceptance rate (pseudo accepts, pseudo transitions) before the chain has its
 own: 0.3."""
@@ -53,6 +56,9 @@ class StreamBranches(StreamBase):
     """Accept branches by the transition whose accept they assume: its proposal, and the
     proposals of later transitions issued from the state that accept would make."""
     _watches: dict[int, Watch]
+    _known: dict[int, tuple[InFlight, ChainState, float]]
+    """Complete proposals' decisions by transition, for sizing (:meth:`_threat`), with the
+    state each was made against."""
     branch_issued: int
     """Accept-branch proposals issued, and those the walk kept (their head accepted)."""
     branch_kept: int
@@ -66,13 +72,47 @@ class StreamBranches(StreamBase):
         its prefix (the tokens before the cut) must all be there."""
         return cut <= received
 
-    def _survival(self, threats: list[int], cut: int) -> float:
-        """How likely a proposal at ``cut`` is still usable once the transitions before it, at
-        ``threats`` (their cuts), are decided: each accepts with the chain's rate so far, and
-        one that accepts at a smaller cut rewrites the prefix. (For EntropyCut an accept at a
-        larger cut may still move the cut; not counted: an estimate for sizing, never a check.)
-        """
-        return float((1.0 - self._accept_rate()) ** sum(1 for c in threats if c < cut))
+    def _survival(self, threats: list[Threat], cut: int) -> float:
+        """How likely a proposal at ``cut`` is still usable once the transitions before it,
+        ``threats`` (their cuts and how likely each accepts), are decided: one that accepts at a
+        smaller cut rewrites the prefix. (For EntropyCut an accept at a larger cut may still
+        move the cut; not counted: an estimate for sizing, never a check.)"""
+        survival = 1.0
+        for threat_cut, odds in threats:
+            if threat_cut < cut:
+                survival *= 1.0 - odds
+        return survival
+
+    def _threat(self, flight: InFlight, state: ChainState) -> Threat:
+        """``flight``'s transition as a threat to the proposals after it: its cut, and how likely
+        it accepts if the walk reaches it in ``state``. A complete proposal is decided the
+        moment the walk reaches it, so its odds are the kernel's own decision, known now
+        (a rejection is no threat: without this, a run of complete rejections ahead of the walk
+        held the proposals behind them back as if each might accept, and the walk, reaching
+        them all at once, then waited for those); before that, the chain's acceptance rate.
+        While the block's extension streams, ``state`` holds only its first tokens and nothing
+        is decided. For sizing only: the walk decides again, in order."""
+        rate = self._accept_rate()
+        if (
+            not flight.complete
+            or flight.error is not None
+            or flight.cut + flight.requests[0].num_tokens != state.length  # a partial state
+        ):
+            return flight.cut, rate
+        known = self._known.get(flight.k)
+        if known is None or known[0] is not flight or known[1] is not state:
+            odds = rate
+            if self._usable(flight, state):
+                proposals = [join_chunks(c) for c in flight.chunks]
+                try:
+                    verdict = self.kernel.evaluate(state, flight.cut, proposals, flight.draws)
+                except InvalidResponseError:
+                    pass  # the walk's own decision reports it, in order
+                else:
+                    if verdict.decided:
+                        odds = float(verdict.accepted)
+            known = self._known[flight.k] = (flight, state, odds)
+        return flight.cut, known[2]
 
     def _accept_rate(self) -> float:
         pseudo_accepts, pseudo_transitions = ACCEPT_PRIOR
@@ -138,7 +178,6 @@ class StreamBranches(StreamBase):
         speculate each one's accept branch (the others' assume the transitions before them
         reject, which their branches' survival counts). ``head``: ``None`` while the block's
         extension streams (``state`` holds its first tokens, ``length`` the whole)."""
-        rate = self._accept_rate()
         left = self.config.steps_per_block - first
 
         def limit(t: int) -> int | None:
@@ -149,7 +188,7 @@ class StreamBranches(StreamBase):
                 return self.window
             return left - 1 if self.window is None else min(self.window, left - 1)
 
-        threats: list[int] = []
+        threats: list[Threat] = []
         for t in range(first, first + 1 + BRANCH_WATCH):
             flight = head if head is not None and t == head.k else window.get(t)
             if flight is None:
@@ -167,11 +206,11 @@ class StreamBranches(StreamBase):
                     news = True
             if news and not (flight.complete and flight is head):
                 # survives iff the earlier in-flight transitions at smaller cuts all reject
-                prior_t = (1.0 - rate) ** sum(1 for c in threats if c < flight.cut)
+                prior_t = self._survival(threats, flight.cut)
                 self._speculate_branch(
                     state, flight, watch.predictor, window, block, prior_t, limit(t), length
                 )
-            threats.append(flight.cut)
+            threats.append(self._threat(flight, state))
 
     def _speculate_branch(
         self,
@@ -212,18 +251,19 @@ class StreamBranches(StreamBase):
         partial = state.with_response(state.response.slice(0, base.cut).concat(received))
         steps = self.config.steps_per_block
         per = self.kernel.sequences_per_proposal
-        threats: list[int] = []
+        rate = self._accept_rate()
+        threats: list[Threat] = []
         last = min(self._last(base.k, steps), base.k + 1 + BRANCH_SPAN)
         for j in range(base.k + 1, last):
             flight = branch.get(j)
             if flight is not None:
-                threats.append(flight.cut)
+                threats.append((flight.cut, rate))
                 continue
             cut = self.kernel.speculative_cut(
                 partial, length, self._transition_draws(block, j).u_cut
             )
             survival = probability * self._survival(threats, cut)
-            threats.append(cut)
+            threats.append((cut, rate))
             if cut <= base.cut:
                 continue  # the accept leaves its prefix as it is: the window's to issue
             if not self._ready(cut, partial.length):

@@ -65,7 +65,12 @@ from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream_base import HEAD, SPECULATIVE, STREAM_RETRIES
-from presto_client.core.stream_branches import ACCEPT_PRIOR, SURVIVAL_FLOOR, StreamBranches
+from presto_client.core.stream_branches import (
+    ACCEPT_PRIOR,
+    SURVIVAL_FLOOR,
+    StreamBranches,
+    Threat,
+)
 from presto_client.core.stream_flight import InFlight, Streamed, join_chunks
 
 logger = logging.getLogger(__name__)
@@ -126,6 +131,7 @@ class StreamRunner(StreamBranches):
         """Accept branches by the transition whose accept they assume: its proposal, and the
         proposals of later transitions issued from the state that accept would make."""
         self._watches: dict[int, Watch] = {}
+        self._known: dict[int, tuple[InFlight, ChainState, float]] = {}
         self.branch_issued = 0
         """Accept-branch proposals issued, and those the walk kept (their head accepted)."""
         self.branch_kept = 0
@@ -134,6 +140,7 @@ class StreamRunner(StreamBranches):
 
     async def _run_block(self, state: ChainState, block: int) -> ChainState:
         window: dict[int, InFlight] = {}
+        self._known.clear()
         self._rewritten.clear()
         self._refused.clear()
         try:
@@ -255,19 +262,20 @@ class StreamRunner(StreamBranches):
         per = self.kernel.sequences_per_proposal
         partial = state.extend(join_chunks(extension.chunks[0]))
         floor = self._survival_floor(per)
-        threats: list[int] = []
+        rate = self._accept_rate()
+        threats: list[Threat] = []
         reserved = 0
         refused = False
         for j in range(last):
             flight = window.get(j)
             if flight is not None:
-                threats.append(flight.cut)
+                threats.append((flight.cut, rate))  # nothing is decided before the extension
                 continue
             cut = self.kernel.speculative_cut(
                 partial, length, self._transition_draws(block, j).u_cut
             )
             survival = self._survival(threats, cut)
-            threats.append(cut)
+            threats.append((cut, rate))
             if survival < floor:
                 continue
             if not self._ready(cut, partial.length):
@@ -332,16 +340,17 @@ class StreamRunner(StreamBranches):
             window[m] = self._issue(state, block, m, HEAD)
         per_proposal = self.kernel.sequences_per_proposal
         floor = self._survival_floor(per_proposal)
-        threats = [window[m].cut]
+        rate = self._accept_rate()
+        threats = [self._threat(window[m], state)]
         refused = False
         for j in range(m + 1, self._last(m, steps)):
             flight = window.get(j)
             if flight is not None:
-                threats.append(flight.cut)
+                threats.append(self._threat(flight, state))
                 continue
             cut = self.kernel.cut(state, self._transition_draws(block, j).u_cut)
             survival = self._survival(threats, cut)
-            threats.append(cut)
+            threats.append((cut, rate))
             if survival < floor:
                 continue  # likely rewritten before its turn: issued when the walk is nearer
             if refused or not self.budget.try_acquire(

@@ -25,7 +25,7 @@ from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream_base import SPECULATIVE
-from presto_client.core.stream_flight import InFlight
+from presto_client.core.stream_flight import InFlight, join_chunks
 from presto_client.core.stream_runner import StreamRunner
 from presto_client.errors import EngineUnavailableError
 from tests.core.test_stream import _walk
@@ -345,15 +345,57 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
     runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
-    assert runner._survival([5, 30, 30], 10) == pytest.approx(0.7)  # one threat, prior 0.3
-    many = list(range(1, 10))  # nine earlier transitions at smaller cuts: 0.7^9 = 0.04
+    rate = runner._accept_rate()  # the prior, 0.3
+    assert runner._survival([(5, rate), (30, rate), (30, rate)], 10) == pytest.approx(0.7)
+    many = [(c, rate) for c in range(1, 10)]  # nine earlier smaller cuts: 0.7^9 = 0.04
     assert runner._survival(many, 10) < stream_runner.SURVIVAL_FLOOR
     assert runner._survival(many, 1) == 1.0
+    assert runner._survival([(5, 0.0)] * 9, 10) == 1.0  # known rejections threaten nothing
+    assert runner._survival([(5, 0.0), (7, 1.0)], 10) == 0.0  # a known accept rewrites it
     engine = _Counting(model)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
     result = await StreamRunner(engine, config, 1, None, window=None).run([1])
     assert result.full_token_ids == baseline.full_token_ids
     assert 1 < engine.peak < 30
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+async def test_a_complete_proposal_threatens_later_ones_by_its_decision(sampler: str) -> None:
+    """Sizing reads a complete proposal's transition as decided: its odds of accepting are the
+    kernel's decision against the walk's state (a rejection threatens nothing behind it); a
+    proposal still streaming, or issued from a prefix the state no longer has, counts at the
+    chain's acceptance rate."""
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(sampler=sampler, block_size=24, steps_per_block=40)
+    runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
+    kernel = runner.kernel
+    (response,) = await runner.engine.generate([kernel.extension_request((2,), 5)])
+    state = ChainState((2,), response)
+    rate = runner._accept_rate()
+    flights = [runner._issue(state, 0, k, SPECULATIVE) for k in range(40)]
+    assert all(runner._threat(f, state) == (f.cut, rate) for f in flights)  # none complete
+    for flight in flights:
+        while not flight.complete:
+            flight.changed.clear()
+            await flight.changed.wait()
+    decisions = []
+    for flight in flights:
+        proposals = [join_chunks(c) for c in flight.chunks]
+        verdict = kernel.evaluate(state, flight.cut, proposals, flight.draws)
+        assert runner._threat(flight, state) == (flight.cut, float(verdict.accepted))
+        decisions.append(verdict.accepted)
+    assert any(decisions) and not all(decisions)
+    partial = ChainState((2,), response.slice(0, 10))  # the extension still streaming
+    assert all(runner._threat(f, partial) == (f.cut, rate) for f in flights)
+    (other,) = await runner.engine.generate([kernel.extension_request((2,), 6)])
+    rewritten = ChainState((2,), other)
+    differs = int(np.argmax(response.token_ids != other.token_ids))
+    assert response.token_ids[differs] != other.token_ids[differs]
+    past = [f for f in flights if f.cut > differs]
+    assert past and all(runner._threat(f, rewritten) == (f.cut, rate) for f in past)
+    for flight in flights:
+        runner._close(flight)
+    await runner._drain()
 
 
 async def test_on_a_compute_bound_engine_only_proposals_likely_used_go_out() -> None:
@@ -384,12 +426,13 @@ async def test_on_a_compute_bound_engine_only_proposals_likely_used_go_out() -> 
         (steep_floor, steep, steep_runner),
         (flat_floor, flat, flat_runner),
     ):
-        cuts = [window[0].cut]
+        rate = runner._accept_rate()  # nothing is complete yet: every threat at the rate
+        cuts = [(window[0].cut, rate)]
         for j in range(1, 30):
             draws = runner._transition_draws(0, j)
             cut = window[j].cut if j in window else runner.kernel.cut(state, draws.u_cut)
             assert (j in window) == (runner._survival(cuts, cut) >= floor), j
-            cuts.append(cut)
+            cuts.append((cut, rate))
         for flight in window.values():
             runner._close(flight)
         await runner._drain()
