@@ -1,8 +1,9 @@
 """The ``stream`` traversal's speculation sizing and its accept branches.
 
 Which proposals go out beside the ones the walk needs next: each transition's proposal is worth
-its tokens while it is likely still to be usable at its turn (:meth:`StreamBranches._survival`,
-by the chain's acceptance rate so far), and an *accept branch* (the proposals of later
+its tokens while it is likely still to be usable at its turn (:meth:`StreamBranches._survival`:
+each transition before it accepts at the chain's acceptance rate so far, or, once its proposal is
+complete, as the kernel decides it), and an *accept branch* (the proposals of later
 transitions issued from the state a transition's accept would make, its prefix then its
 proposal's tokens received so far) while that accept is likely
 (:class:`~presto_client.core.accept_branch.AcceptPredictor`). Nothing here decides: an
@@ -20,9 +21,9 @@ from presto_client.errors import InvalidResponseError
 
 SURVIVAL_FLOOR = 0.1
 """A speculative proposal is issued only while it is this likely to be usable at its turn
-(no earlier transition of the window accepts at a smaller cut, by the chain's acceptance rate so
-far): deeper ones with long prefixes still go out, those an earlier accept would likely rewrite
-wait until the walk is nearer. On a compute-bound engine the floor is the proposal's measured
+(no earlier transition of the window accepts at a smaller cut, :meth:`StreamBranches._threat`):
+deeper ones with long prefixes still go out, those an earlier accept would likely rewrite wait
+until the walk is nearer. On a compute-bound engine the floor is the proposal's measured
 cost instead, when higher (``StreamRunner._survival_floor``). Speed only: which proposals are in
 flight never changes the chain."""
 BRANCH_FLOOR = 0.5
