@@ -49,6 +49,14 @@ Profiles (``a``, ``b``, prefill per token, ``max_num_seqs``):
   8 against one proposal (1.7–1.9 s vs 0.78 s at T = 64) puts ``b / a`` near 0.1, close to the
   0.067 measured here. ``max_num_seqs = 256``.
 
+**Answers that end** (``--eos-token-id`` with ``--eos-median`` or ``--eos-hazard``; off by
+default): the model gets an EOS whose probability at the proposal temperature
+(``--eos-temperature``, default 0.25 = 1/α at α = 4) is the same hazard at every position, so
+answers sampled at that temperature have geometric lengths (``benchmarks.fast_model.EosHazard``:
+median 1024 of a 3072 budget leaves 12.5 % that run to the end). The server ignores EOS, as the
+client asks (fixed-length proposals); the rows stay a deterministic function of the context, so
+the emulation's exactness is unchanged, and without the option every row is as before.
+
 Run it: ``python -m benchmarks.latency_server --profile gpu --port 8123 --time-scale 0.1``.
 Extra routes: ``GET /stats`` (per-step statistics since the last reset), ``POST /stats/reset``.
 """
@@ -75,7 +83,7 @@ from typing import Any
 
 from aiohttp import web
 
-from benchmarks.fast_model import WindowedReferenceModel
+from benchmarks.fast_model import EosHazard, make_model
 from presto_client.core.engine_protocol import FloatArray
 from tests.support.emulation import BadRequest, EmulationServer
 
@@ -214,6 +222,8 @@ class LatencyServer:
         chunk: int = 8,
         max_catch_up_s: float = 0.1,
         max_cached_rows: int = 50_000,
+        model: str = "reference",
+        eos: EosHazard | None = None,
     ) -> None:
         base = PROFILES[profile] if isinstance(profile, str) else profile
         if max_num_seqs is not None:
@@ -235,6 +245,10 @@ class LatencyServer:
             max_model_len=max_model_len,
             max_logprobs=max_logprobs,
         )
+        served = make_model(model, vocab_size, seed=model_seed, eos=eos)
+        if served is not None:
+            self.emulation.model = served
+        self.eos = eos
         self.stats = StepStats()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
@@ -578,6 +592,7 @@ class LatencyServer:
         out["profile"] = asdict(self.profile)
         out["time_scale"] = self.time_scale
         out["stream_interval"] = self.stream_interval
+        out["eos"] = None if self.eos is None else asdict(self.eos)
         return web.json_response(out)
 
     async def _stats_reset(self, request: web.Request) -> web.Response:
@@ -675,7 +690,46 @@ def build_parser() -> argparse.ArgumentParser:
         default="reference",
         help="windowed: O(1) rows per token (benchmarks.fast_model), for long timing runs",
     )
+    parser.add_argument(
+        "--eos-token-id",
+        type=int,
+        default=None,
+        help="give the model an EOS token (default: none, every row as before); needs "
+        "--eos-median or --eos-hazard",
+    )
+    hazard = parser.add_mutually_exclusive_group()
+    hazard.add_argument(
+        "--eos-median",
+        type=float,
+        default=None,
+        help="median answer length in tokens at --eos-temperature (geometric lengths)",
+    )
+    hazard.add_argument(
+        "--eos-hazard",
+        type=float,
+        default=None,
+        help="the EOS's probability at every position at --eos-temperature",
+    )
+    parser.add_argument(
+        "--eos-temperature",
+        type=float,
+        default=0.25,
+        help="the temperature the EOS hazard holds at: the proposal temperature 1/alpha",
+    )
     return parser
+
+
+def eos_from_args(args: argparse.Namespace) -> EosHazard | None:
+    """The :class:`EosHazard` the command line asks for (``None``: no EOS)."""
+    if args.eos_token_id is None:
+        if args.eos_median is not None or args.eos_hazard is not None:
+            raise SystemExit("--eos-median / --eos-hazard need --eos-token-id")
+        return None
+    if args.eos_median is not None:
+        return EosHazard.from_median(args.eos_token_id, args.eos_median, args.eos_temperature)
+    if args.eos_hazard is None:
+        raise SystemExit("--eos-token-id needs --eos-median or --eos-hazard")
+    return EosHazard(args.eos_token_id, args.eos_hazard, args.eos_temperature)
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -690,15 +744,22 @@ async def _serve(args: argparse.Namespace) -> None:
         max_model_len=args.max_model_len,
         max_logprobs=args.max_logprobs,
         max_catch_up_s=args.max_catch_up,
+        model=args.model,
+        eos=eos_from_args(args),
     )
-    if args.model == "windowed":
-        server.emulation.model = WindowedReferenceModel(args.vocab_size, seed=args.model_seed)
     url = await server.start(args.host, args.port)
     p = server.profile
+    eos = server.eos
+    ends = (
+        ""
+        if eos is None
+        else f", EOS {eos.token_id} hazard {eos.hazard:.3g} at temperature {eos.temperature:g} "
+        f"(median {eos.median():.0f} tokens)"
+    )
     print(
         f"latency server ({p.name}: a={p.step_base_s * 1e3:.2f} ms, b={p.step_per_seq_s * 1e3:.3f}"
         f" ms/seq, prefill={p.prefill_per_token_s * 1e6:.1f} us/token, max_num_seqs="
-        f"{p.max_num_seqs}, time_scale={args.time_scale}) on {url}",
+        f"{p.max_num_seqs}, time_scale={args.time_scale}{ends}) on {url}",
         flush=True,
     )
     stop = asyncio.Event()
