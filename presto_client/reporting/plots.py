@@ -124,7 +124,7 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
                 ax.step(xs, ys, where="post", label=arm, color=color[arm])
         ax.set_xlabel("completed transitions")
         ax.set_ylabel("cumulative model-call time, s (mean over chains)")
-        ax.set_title("Model-call time against completed transitions")
+        ax.set_title("Model-call time (engine calls only) against completed transitions")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
         path = out / "cumulative_time.png"
@@ -170,8 +170,8 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
             fontsize="small",
         )
         ax.set_xlabel("prompt")
-        ax.set_ylabel("speedup over sequential (median over chains)")
-        ax.set_title("Speedup per prompt")
+        ax.set_ylabel("speedup over sequential, model-call time\n(median over chains)")
+        ax.set_title("Speedup per prompt, in model-call time (not end to end)")
         # outside the axes, right of them: inside, it covers the bars of the first prompts
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arm")
         ax.grid(alpha=0.3, axis="y")

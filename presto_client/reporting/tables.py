@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,30 +43,48 @@ def _wall_speedup_cell(arm: Mapping[str, Any]) -> str:
 
 
 def _same_cell(arm: Mapping[str, Any]) -> str:
-    # Only the replaying methods (crn, stream) run the baseline's chain; the trees are exact in law
-    # only.
-    if arm.get("identical_to_baseline") is None or not replays(str(arm.get("traversal"))):
+    """Whether the arm's chains are the sequential chain's, token for token: ``yes, 3/3`` (every
+    paired chain), ``NO, 2/3``; only the replaying methods (crn, stream) run the baseline's
+    chain, the trees (bfs, predictive) are exact in law only."""
+    identical, pairs = arm.get("identical_to_baseline"), arm.get("speedup_pairs")
+    if identical is None or arm.get("traversal") == BASELINE:
         return "-"
-    return f"{arm['identical_to_baseline']}/{arm['speedup_pairs']}"
+    if not replays(str(arm.get("traversal"))):
+        return "- (exact in law)"
+    return f"{'yes' if identical == pairs else 'NO'}, {identical}/{pairs}"
 
 
-_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+_SPEED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("arm", "arm"),
     ("chains", "chains"),
+    ("end to end\nspeedup [min-max]", "speedup_wall"),
+    ("model calls\nspeedup [min-max]", "speedup"),
+    ("model-call\ntime, s", "model_call_time_s"),
+    ("same chain as sequential\n(token for token)", "same"),
+)
+"""The run table's first part: how fast each arm is, and whether it replays the baseline."""
+
+_WORK_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("arm", "arm"),
     ("calls", "calls"),
     ("s/call", "seconds_per_call"),
-    ("trans/call", "transitions_per_call"),
-    ("req used/issued", "requests"),
+    ("trans/\ncall", "transitions_per_call"),
+    ("requests\nused/issued", "requests"),
     ("wasted", "wasted_share"),
     ("tokens", "tokens_generated"),
     ("accept", "acceptance_rate"),
-    ("eps-certain", "eps_certain_share"),
-    ("end to end vs sequential", "speedup_wall"),
-    ("model time s", "model_call_time_s"),
-    ("speedup vs sequential (model calls)", "speedup"),
-    ("replays", "same"),
-    ("cache hit", "prefix_cache_hit_rate"),
+    ("eps-\ncertain", "eps_certain_share"),
+    ("prefix\ncache hit", "prefix_cache_hit_rate"),
 )
+"""Its second part: what each arm's time went on (why an arm is slow), the same arms in the same
+order. Two parts of about 100 columns each rather than one line of 230."""
+
+SPEED_LEGEND = (
+    "Each arm's speedup vs sequential, chains paired by prompt and seed: the median over the\n"
+    "pairs, [min-max] their range. End to end: each chain's wall time, what you wait for; model\n"
+    "calls: its time in engine calls only."
+)
+WORK_LEGEND = "Where the time went (trans/call: MH transitions per engine call):"
 
 
 def _cells(arm: Mapping[str, Any]) -> dict[str, str]:
@@ -90,8 +109,13 @@ def _cells(arm: Mapping[str, Any]) -> dict[str, str]:
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain aligned text table (first column left-aligned, the rest right-aligned)."""
-    widths = [len(h) for h in header]
+    """A plain aligned text table (first column left-aligned, the rest right-aligned). A header
+    cell may span lines (``"trans/\\ncall"``): the header then takes as many, bottom-aligned, and
+    the column is as wide as its longest line."""
+    heads = [h.split("\n") for h in header]
+    depth = max((len(h) for h in heads), default=1)
+    heads = [[""] * (depth - len(h)) + h for h in heads]
+    widths = [max(len(line) for line in h) for h in heads]
     for row in rows:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
@@ -101,20 +125,24 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "  ".join(parts).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+    head_lines = [line([h[d] for h in heads]) for d in range(depth)]
+    return "\n".join([*head_lines, rule, *(line(r) for r in rows)])
 
 
 def format_summary_table(summary: Mapping[str, Any]) -> str:
-    """The per-arm summary table, one arm a row."""
+    """The per-arm summary (``presto run``, ``presto report``): how fast each arm is and whether
+    it replays the baseline, then what its time went on, one arm a row in each."""
     arms = summary.get("arms", [])
     if not arms:
         return "(no finished chains)"
-    header = [h for h, _ in _TABLE_COLUMNS]
-    rows = []
-    for arm in arms:
-        cells = _cells(arm)
-        rows.append([cells[k] for _, k in _TABLE_COLUMNS])
-    table = render_table(header, rows)
+    parts = []
+    for legend, columns in ((SPEED_LEGEND, _SPEED_COLUMNS), (WORK_LEGEND, _WORK_COLUMNS)):
+        rows = []
+        for arm in arms:
+            cells = _cells(arm)
+            rows.append([cells[k] for _, k in columns])
+        parts.append(legend + "\n" + render_table([h for h, _ in columns], rows))
+    table = "\n\n".join(parts)
     waits = format_stream_waits(arms)
     if waits:
         table += "\n\n" + waits
@@ -146,12 +174,15 @@ def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
             for key in ("budget_wait_s", "rewrite_wait_s", "floor_wait_s")
         }
         in_flight = max(waited - sum(causes.values()), 0.0)
-        lines.append(
-            f"{arm.get('arm')}: the walk waited {waited:.2f} s: "
-            f"{causes['budget_wait_s']:.2f} s for proposals the engine's speculation budget "
-            f"refused, {causes['rewrite_wait_s']:.2f} s for proposals an earlier accept rewrote, "
-            f"{causes['floor_wait_s']:.2f} s for proposals held back as unlikely, "
-            f"{in_flight:.2f} s for proposals still generating"
+        lines.extend(
+            _wrap(
+                f"{arm.get('arm')}: the walk waited {waited:.2f} s: "
+                f"{causes['budget_wait_s']:.2f} s for proposals the engine's speculation budget "
+                f"refused, {causes['rewrite_wait_s']:.2f} s for proposals an earlier accept "
+                f"rewrote, {causes['floor_wait_s']:.2f} s for proposals held back as unlikely, "
+                f"{in_flight:.2f} s for proposals still generating",
+                "    ",
+            )
         )
         # More waited for what the budget refused than for what the survival floor (on a
         # compute-bound engine, the measured cost of a proposal) held back: the tolerance, not
@@ -161,24 +192,37 @@ def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
             continue
         refusals = int(arm.get("budget_refusals") or 0)
         if 2 * int(arm.get("unmeasured_refusals") or 0) > refusals:
-            lines.append(
-                "  nothing under load is measured yet and the engine sends no probe "
+            hint = (
+                "nothing under load is measured yet and the engine sends no probe "
                 "(speculation_probe off, the default on llama.cpp): its chains speculate once "
-                "several run at once; set speculation_probe: true where speculation pays (a GPU)"
+                "several run at once. Where speculation pays (a GPU) set speculation_probe: true; "
+                "on a CPU it would not (a speculative request costs the compute of the chain's "
+                "own)"
             )
         elif 2 * int(arm.get("slot_refusals") or 0) > refusals:
-            lines.append(
-                "  the engine's slots bind (its max_concurrency, after what the chains' own "
+            hint = (
+                "the engine's slots bind (its max_concurrency, after what the chains' own "
                 "requests take): more requests in flight would help only if the server has "
                 "room for them"
             )
         else:
-            lines.append(
-                "  the budget binds: on a latency-bound engine (a GPU) a higher "
+            hint = (
+                "the budget binds: on a latency-bound engine (a GPU) a higher "
                 "speculation_tolerance on the engine buys this back; on a compute-bound one "
                 "(a CPU) more speculation slows every chain"
             )
+        lines.extend(_wrap(hint, "  ", "  "))
     return "\n".join(lines)
+
+
+WRAP_WIDTH = 100
+"""Where the lines under the tables wrap."""
+
+
+def _wrap(text: str, indent: str, first: str = "") -> list[str]:
+    return textwrap.wrap(
+        text, WRAP_WIDTH, initial_indent=first, subsequent_indent=indent, break_long_words=False
+    )
 
 
 def _decimals(*values: float | None) -> int:
@@ -341,7 +385,8 @@ def format_equivalence_details(summary: Mapping[str, Any]) -> str:
 
 
 def format_speedup_per_prompt(summary: Mapping[str, Any]) -> str:
-    """Median speedup per prompt (rows) and arm (columns); empty when no baseline ran."""
+    """Median speedup per prompt (rows) and arm (columns), in model-call time (the summary's
+    ``speedup_per_prompt``; the legend says so); empty when no baseline ran."""
     per_prompt: Mapping[str, Mapping[str, float]] = summary.get("speedup_per_prompt", {})
     order = [str(a["arm"]) for a in summary.get("arms", [])]
     arms = [a for a in order if per_prompt.get(a)]
@@ -349,7 +394,13 @@ def format_speedup_per_prompt(summary: Mapping[str, Any]) -> str:
         return ""
     prompts = sorted({int(p) for a in arms for p in per_prompt[a]})
     rows = [[f"prompt {p}", *(_fmt(per_prompt[a].get(str(p)), "x") for a in arms)] for p in prompts]
-    return render_table(["speedup", *arms], rows)
+    return PER_PROMPT_LEGEND + "\n" + render_table(["model-call speedup", *arms], rows)
+
+
+PER_PROMPT_LEGEND = (
+    "Speedup vs sequential per prompt, in model-call time (the time in engine calls, not end to "
+    "end),\nmedian over the prompt's chains:"
+)
 
 
 _SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (
@@ -437,5 +488,6 @@ def runs_table_rows(path: Path, summary: Mapping[str, Any]) -> list[list[str]]:
 def format_runs_table(rows: Sequence[Sequence[str]]) -> str:
     """The arms of several runs side by side."""
     return render_table(
-        ["run", "arm", "chains", "end to end", "trans/call", "model time s", "speedup"], rows
+        ["run", "arm", "chains", "end to end", "trans/call", "model time s", "model-call speedup"],
+        rows,
     )

@@ -31,10 +31,49 @@ def _arm(name: str, **kw: object) -> dict[str, object]:
 
 def test_run_table_has_the_cost_columns() -> None:
     table = format_summary_table({"arms": [_arm("e/predictive")]})
-    header = table.splitlines()[0]
-    assert "s/call" in header and "tokens" in header and "wasted" in header
-    row = table.splitlines()[2]
+    lines = table.splitlines()
+    rule = (
+        next(i for i, line in enumerate(lines) if line.startswith("arm ") and "s/call" in line) + 1
+    )
+    assert "tokens" in lines[rule - 1] and "wasted" in lines[rule - 1]
+    row = lines[rule + 1]
     assert "2.02" in row and "1234" in row and "65%" in row
+
+
+def test_the_run_table_fits_120_columns_and_labels_its_ranges() -> None:
+    """Issue 40: the table was 205-234 columns wide, its ``[a-b]`` ranges unlabelled."""
+    speed = {
+        "speedup_median": 1.07,
+        "speedup_min": 0.89,
+        "speedup_max": 1.23,
+        "speedup_wall_median": 1.05,
+        "speedup_wall_min": 0.95,
+        "speedup_wall_max": 1.13,
+        "identical_to_baseline": 3,
+        "speedup_pairs": 3,
+    }
+    arms = [
+        _arm("llamacpp/sequential"),
+        _arm("llamacpp/stream", **speed, budget_wait_s=9.0, budget_refusals=9),
+        _arm("llamacpp/crn", **{**speed, "identical_to_baseline": 2}),
+        _arm("llamacpp/predictive", **speed, requests_issued=1234, requests_used=345),
+    ]
+    table = format_summary_table({"arms": arms})
+    assert max(len(line) for line in table.splitlines()) <= 120, table
+    assert "[min-max]" in table and "the median over the" in table
+    header = next(line for line in table.splitlines() if line.startswith("arm "))
+    assert header.index("speedup [min-max]") < header.index("time, s")
+    head = table.splitlines()[table.splitlines().index(header) - 1]
+    assert head.index("end to end") < head.index("model calls")  # end to end first
+    rows: dict[str, str] = {}  # the speed part's rows (the first of each arm)
+    for line in table.splitlines():
+        if line.startswith("llamacpp/"):
+            rows.setdefault(line.split()[0], line)
+    assert rows["llamacpp/stream"].endswith(
+        "1.05x [0.95-1.13]  1.07x [0.89-1.23]       26.21                  yes, 3/3"
+    )
+    assert rows["llamacpp/crn"].endswith("NO, 2/3")  # not every chain replayed: said loudly
+    assert rows["llamacpp/predictive"].endswith("- (exact in law)")
 
 
 def test_an_unpowered_not_equivalent_says_too_few_prompts() -> None:
@@ -65,19 +104,34 @@ def test_the_table_says_why_the_stream_walk_waited_and_when_the_budget_binds() -
     blind = _arm("u/stream", budget_wait_s=5.6, budget_refusals=24, unmeasured_refusals=24)
     arms = [_arm("e/sequential"), bound, free, costly, full, blind]
     table = format_summary_table({"arms": arms})
-    lines = table.splitlines()
-    e = next(i for i, line in enumerate(lines) if line.startswith("e/stream: the walk waited"))
-    assert "26.21 s: 4.80 s" in lines[e] and "12.60 s" in lines[e] and "8.81 s" in lines[e]
-    assert "speculation_tolerance" in lines[e + 1]  # 4.8 s of 26.2 s: the budget binds
-    f = next(i for i, line in enumerate(lines) if line.startswith("f/stream: the walk waited"))
-    assert "speculation_tolerance" not in lines[f + 1]
-    g = next(i for i, line in enumerate(lines) if line.startswith("g/stream: the walk waited"))
-    assert not lines[g + 1].startswith("  ")  # no hint
-    h = next(i for i, line in enumerate(lines) if line.startswith("h/stream: the walk waited"))
-    assert "slots bind" in lines[h + 1] and "speculation_tolerance" not in lines[h + 1]
-    u = next(i for i, line in enumerate(lines) if line.startswith("u/stream: the walk waited"))
-    assert "speculation_probe: true" in lines[u + 1] and "tolerance" not in lines[u + 1]
-    assert not any(line.startswith("e/sequential:") for line in lines)
+    assert max(len(line) for line in table.splitlines()) <= 120
+    waits, hints = _waits_and_hints(table)
+    assert "26.21 s: 4.80 s" in waits["e"] and "12.60 s" in waits["e"] and "8.81 s" in waits["e"]
+    assert "speculation_tolerance" in hints["e"]  # 4.8 s of 26.2 s: the budget binds
+    assert "speculation_tolerance" not in hints.get("f", "")
+    assert "g" not in hints  # no hint
+    assert "slots bind" in hints["h"] and "speculation_tolerance" not in hints["h"]
+    assert "speculation_probe: true" in hints["u"] and "tolerance" not in hints["u"]
+    assert "e/sequential: " not in table
+
+
+def _waits_and_hints(table: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Per engine of a ``stream`` arm: its wait sentence and its hint, each unwrapped (the wait
+    line's continuations are indented by four spaces, a hint's by two)."""
+    waits: dict[str, str] = {}
+    hints: dict[str, str] = {}
+    current = ""
+    for line in table.splitlines():
+        if "/stream: the walk waited" in line:
+            current = line.split("/")[0]
+            waits[current] = line
+        elif current and line.startswith("    "):
+            waits[current] += " " + line.strip()
+        elif current and line.startswith("  "):
+            hints[current] = (hints.get(current, "") + " " + line.strip()).strip()
+        else:
+            current = ""
+    return waits, hints
 
 
 def test_presto_compare_says_why_the_stream_walk_waited_too() -> None:
