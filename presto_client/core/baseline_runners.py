@@ -88,9 +88,5 @@ class BaselineRunner(ChainRunner):
             wall_s=wall,
             tokens=tokens,
         )
-        state = ChainState(prompt, response)
-        full = state.token_ids
-        eos = self.config.eos_token_id
-        final = full[: full.index(eos) + 1] if eos is not None and eos in full else full
-        self.stats.record_final_response(response.slice(0, len(final)))
-        return ChainResult(prompt, final, full, state, self.stats, self.transitions)
+        self.stats.blocks_run = self.config.num_blocks  # the whole response, in one call
+        return self._result(ChainState(prompt, response))

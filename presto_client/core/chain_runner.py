@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.kernels import Kernel, Verdict, make_kernel
 from presto_client.core.rng import ChainRandomness, TransitionDraws
@@ -21,6 +23,14 @@ from presto_client.core.stats import ChainStats, RoundKind, RoundRecord, Transit
 from presto_client.errors import InvalidResponseError
 
 RoundCallback = Callable[[RoundRecord], None]
+
+
+def first_eos(state: ChainState, eos_token_id: int | None) -> int | None:
+    """The position of the state's first EOS in its response (``None``: none, or no EOS)."""
+    if eos_token_id is None:
+        return None
+    hits = np.flatnonzero(state.response.token_ids == eos_token_id)
+    return int(hits[0]) if hits.size else None
 
 
 @dataclass(slots=True)
@@ -117,10 +127,25 @@ class ChainRunner:
         )
         for block in range(self.config.num_blocks):
             state = await self._run_block(state, block)
+            self.stats.blocks_run += 1
+            if self._stops(state):
+                self.stats.stopped_at_eos = block + 1 < self.config.num_blocks
+                break
         self.stats.chain_wall_s = time.perf_counter() - started
+        return self._result(state)
+
+    def _stops(self, state: ChainState) -> bool:
+        """The stop rule (method §2 step 3), read at the end of a block: the state holds an
+        EOS. It reads nothing but that state, so it is part of the sequential chain, and every
+        runner that replays the chain stops at the same block."""
+        return self.config.stop_at_eos and first_eos(state, self.config.eos_token_id) is not None
+
+    def _result(self, state: ChainState) -> ChainResult:
+        """The chain's result: its response truncated after the first EOS."""
         full = state.token_ids
-        eos = self.config.eos_token_id
-        final = full[: full.index(eos) + 1] if eos is not None and eos in full else full
+        eos_at = first_eos(state, self.config.eos_token_id)
+        final = full if eos_at is None else full[: eos_at + 1]
+        self.stats.response_tokens = len(final)
         self.stats.record_final_response(state.response.slice(0, len(final)))
         return ChainResult(state.prompt, final, full, state, self.stats, self.transitions)
 

@@ -59,7 +59,13 @@ class SamplerConfig:
     epsilon: float = 0.01
     """A decision is ε-certain when ``A ≥ 1−ε`` or ``A ≤ ε`` (statistics, predictor)."""
     eos_token_id: int | None = None
-    """Responses are truncated at the first EOS after the last block."""
+    """The engine's end-of-sequence token: responses are truncated after its first occurrence."""
+    stop_at_eos: bool = True
+    """The stop rule (method §2 step 3, the reference code's ``stop_on_eos``): after a block's
+    ``K`` transitions, if the state holds an EOS, the response is truncated after the first EOS
+    and no further block runs, so ``block_size × num_blocks`` is a budget. ``False``: every
+    block runs (fixed-length responses, truncated only at the end). No effect without
+    :attr:`eos_token_id`."""
     options: tuple[tuple[str, Any], ...] = ()
     """Settings of the sampler's own beyond the fields above (its kernel's ``options``), as
     ``(name, value)`` pairs; a setting left out takes the kernel's declared default."""

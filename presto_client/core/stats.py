@@ -96,6 +96,13 @@ class ChainStats:
     drift_max: float = 0.0
     drift_sum: float = 0.0
     drift_count: int = 0
+    blocks_run: int = 0
+    """Blocks whose extension and transitions ran (fewer than the budget when the chain stopped
+    at an EOS)."""
+    stopped_at_eos: bool = False
+    """The chain stopped before its last block because its state held an EOS (the stop rule)."""
+    response_tokens: int = 0
+    """Length of the final response (truncated after the first EOS)."""
     final_mean_logp0: float | None = None
     """Mean ``log p0`` per token of the final (EOS-truncated) response: its likelihood."""
     final_mean_neg_entropy: float | None = None
@@ -165,6 +172,9 @@ class ChainStats:
             "acceptance_rate": self.acceptance_rate,
             "drift_max": self.drift_max,
             "drift_mean": self.drift_mean,
+            "blocks_run": self.blocks_run,
+            "stopped_at_eos": self.stopped_at_eos,
+            "response_tokens": self.response_tokens,
             "final_mean_logp0": self.final_mean_logp0,
             "final_mean_neg_entropy": self.final_mean_neg_entropy,
         }

@@ -220,6 +220,8 @@ class StreamRunner(StreamBranches):
         block (``m`` onwards) are likely all to reject (it is closed if one accepts)."""
         if self._next is not None or block + 1 >= self.config.num_blocks or not self.overlap:
             return
+        if not self._may_continue_from(state):
+            return
         if (1.0 - self._accept_rate()) ** (steps - m) < self._survival_floor(1):
             return  # an accept among the transitions left would likely rewrite the response
         if not self.budget.try_acquire(1):
@@ -227,6 +229,15 @@ class StreamRunner(StreamBranches):
         extension = Streamed(-1, [self._extension_request(state, block + 1)], SPECULATIVE)
         self._start(extension)
         self._next = (extension, state.response.token_ids.copy())
+
+    def _may_continue_from(self, state: ChainState) -> bool:
+        """Whether a next block can follow a block that ends in ``state``: not when the stop
+        rule ends the chain there. The next block's extension speculated from ``state`` is
+        adopted only if the block ends in exactly this state (any accept closes it:
+        :meth:`_drop_next`), so one speculated from a state that holds an EOS could never be
+        used; were a later transition to remove the EOS, it would be by an accept, which closes
+        what was speculated from here anyway. Hence nothing is speculated from such a state."""
+        return not self._stops(state)
 
     def _drop_next(self, state: ChainState | None) -> None:
         """Close the speculated extension if ``state`` (``None``: any) no longer matches it."""

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     Field,
+    StrictBool,
     field_validator,
     model_validator,
 )
@@ -45,6 +46,7 @@ from presto_client.orchestration.executor_config import ExecutorConfig
 from presto_client.orchestration.grading import GraderConfig
 from presto_client.orchestration.llamacpp_engine import ManagedLlamaCppConfig
 from presto_client.orchestration.planned import Prompt
+from presto_client.orchestration.serve_config import ServeConfig, ServeLimits
 
 EngineConfig = engine_config_type()
 """An engine entry of a job config (every registered kind, the managed llama.cpp included)."""
@@ -61,6 +63,8 @@ __all__ = [
     "PromptsConfig",
     "ReferenceEngineConfig",
     "SamplerSettings",
+    "ServeConfig",
+    "ServeLimits",
     "engine_kinds",
     "http_kinds",
     "local_kinds",
@@ -198,6 +202,12 @@ class SamplerSettings(StrictModel):
     steps_per_block: int = Field(
         _CORE.steps_per_block,
         description="K: Metropolis–Hastings transitions after each block's extension (>= 1).",
+    )
+    stop_at_eos: StrictBool = Field(
+        _CORE.stop_at_eos,
+        description="Stop a chain after the block whose state holds the engine's EOS, "
+        "truncated after the first EOS (block_size x num_blocks is then a budget); false: run "
+        "every block (fixed-length responses).",
     )
     traversals: list[TraversalName] = Field(
         default_factory=_default_traversals,
@@ -364,6 +374,7 @@ class SamplerSettings(StrictModel):
             temperatures=tuple(self.temperatures),
             epsilon=self.epsilon,
             eos_token_id=eos_token_id,
+            stop_at_eos=self.stop_at_eos,
             options=tuple(sorted(self.options.items())),
         )
 
@@ -418,6 +429,11 @@ class JobConfig(StrictModel):
         default_factory=ExecutorConfig,
         description="Where the chains run: {kind: local} (this process) or {kind: ray, "
         "workers: N, address: null|auto|ray://HOST:PORT}.",
+    )
+    serve: ServeConfig = Field(
+        default_factory=ServeConfig,
+        description="presto serve only: the bounds of one request's settings "
+        "(serve: {limits: {max_steps_per_block: 1024, ...}}); presto run ignores it.",
     )
 
     @model_validator(mode="after")

@@ -202,8 +202,15 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
         f"  sampler {s.sampler}: alpha={s.alpha} tau={tau:g}"
         f" block_size={s.block_size} num_blocks={s.num_blocks} K={s.steps_per_block}"
         f" n_pf={s.n_pf} window={'engine-sized' if s.window is None else s.window}"
-        f" epsilon={s.epsilon}"
+        f" epsilon={s.epsilon} stop_at_eos={str(s.stop_at_eos).lower()}"
     )
+    if s.stop_at_eos:
+        for e in plan.engines.values():
+            if e.eos_token_id is None:
+                lines.append(
+                    f"  engine {e.name}: no EOS token known, so its chains run every block "
+                    f"(set engines[].eos_token_id to stop at the end of an answer)"
+                )
     lines.append(f"  arms: {', '.join(a.arm for a in plan.arms)}")
     lines.append(
         f"  {len(plan.prompts)} prompt(s) x {cfg.chains_per_prompt} chain(s) x "

@@ -27,6 +27,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from presto_client.core.methods import METHODS, SEQUENTIAL, replaying_names, traversal_names
 from presto_client.orchestration.rundir import RunDir, latest_by_chain
 
@@ -369,6 +371,7 @@ def summarize(
             "prefix_cache_hit_rate": hit_rates.get(engine),
             "chain_wall_s": sum(walls) if walls else None,
             "chain_wall_median_s": statistics.median(walls) if walls else None,
+            **_length_figures(ok.values()),
             "baseline": base_arm if base is not None else None,
             "speedup_wall_median": statistics.median(wall_speedups) if wall_speedups else None,
             "speedup_wall_min": min(wall_speedups) if wall_speedups else None,
@@ -399,6 +402,46 @@ def summarize(
     quality = quality_summary(latest.values(), baseline=baseline)
     if quality:
         out["quality"] = quality
+    return out
+
+
+def _length_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """How long the arm's answers were and how much of the budget its chains ran: blocks run,
+    chains stopped at an EOS before their last block (the stop rule), and the response lengths
+    (final, EOS-truncated) as mean, median, 10th/90th percentile and range. Chains recorded
+    before these figures existed count as absent, never as zero."""
+    blocks: list[float] = []
+    stopped = 0
+    lengths: list[float] = []
+    for r in rows:
+        stats = r.get("stats") or {}
+        run_blocks = _finite(stats.get("blocks_run"))
+        if run_blocks is not None and run_blocks > 0:
+            blocks.append(run_blocks)
+            stopped += bool(stats.get("stopped_at_eos"))
+        tokens = r.get("token_ids")
+        if isinstance(tokens, list):
+            lengths.append(float(len(tokens)))
+    out: dict[str, Any] = {
+        "blocks_run": int(sum(blocks)) if blocks else None,
+        "blocks_run_mean": statistics.fmean(blocks) if blocks else None,
+        "chains_stopped_at_eos": stopped if blocks else None,
+        "response_tokens_mean": statistics.fmean(lengths) if lengths else None,
+        "response_tokens_median": statistics.median(lengths) if lengths else None,
+    }
+    if lengths:
+        ordered = sorted(lengths)
+        out["response_tokens_p10"] = float(np.percentile(ordered, 10))
+        out["response_tokens_p90"] = float(np.percentile(ordered, 90))
+        out["response_tokens_min"] = ordered[0]
+        out["response_tokens_max"] = ordered[-1]
+    else:
+        out.update(
+            response_tokens_p10=None,
+            response_tokens_p90=None,
+            response_tokens_min=None,
+            response_tokens_max=None,
+        )
     return out
 
 

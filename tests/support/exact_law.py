@@ -176,6 +176,35 @@ def law_after(model: ReferenceModel, prompt: Sequence[int], config: SamplerConfi
     return law
 
 
+def law_with_stop(
+    model: ReferenceModel, prompt: Sequence[int], config: SamplerConfig
+) -> dict[tuple[int, ...], float]:
+    """The exact law of a finished chain's full response under the stop rule (method §2 step
+    3): after each block's ``K`` transitions, a state holding ``config.eos_token_id`` is
+    final; the others go on to the next block. Keys are full responses (their length tells the
+    blocks run)."""
+    eos = config.eos_token_id
+    if eos is None or not config.stop_at_eos:
+        raise ValueError("the stop rule needs an eos_token_id and stop_at_eos")
+    outcomes: dict[tuple[int, ...], float] = {}
+    law = np.ones(1)
+    length = 0
+    for block in range(config.num_blocks):
+        law = extension_law(
+            model, prompt, law, length, config.block_size, config.proposal_temperature
+        )
+        length += config.block_size
+        matrix = kernel_matrix(model, prompt, length, config)
+        for _ in range(config.steps_per_block):
+            law = law @ matrix
+        last = block + 1 == config.num_blocks
+        for i, x in enumerate(all_sequences(model.vocab_size, length)):
+            if law[i] > 0 and (last or eos in x):
+                outcomes[x] = outcomes.get(x, 0.0) + float(law[i])
+                law[i] = 0.0  # a stopped chain runs no further block
+    return outcomes
+
+
 def state_index(tokens: Sequence[int], vocab_size: int) -> int:
     """Position of a response in :func:`all_sequences` order."""
     index = 0
