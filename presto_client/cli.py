@@ -34,7 +34,8 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 _EPILOG = """\
 examples:
-  presto run configs/demo.yaml                      run the demo on the embedded CPU engine
+  presto run configs/demo.yaml                      run the demo (llama.cpp on this CPU)
+  presto run configs/demo_embedded.yaml             the demo on the embedded engine (torch)
   presto run configs/vllm.yaml --set engines[0].base_url=http://gpu:8000 --set sampler.alpha=4
   presto compare configs/demo.yaml                  the demo's arms side by side
   presto compare configs/vllm_vs_sglang.yaml --traversals sequential,crn
@@ -120,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="presto",
         description="Fast, exact LLM power sampling (PowerMH, EntropyCut, MultiTryMH) with "
-        "PreSTO prefetching, against vLLM / SGLang servers or an embedded CPU engine.",
+        "PreSTO prefetching, against vLLM / SGLang / llama.cpp servers or an embedded CPU "
+        "engine.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
