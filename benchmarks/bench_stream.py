@@ -10,6 +10,23 @@ sequences, and throughput (transitions per second) with the mean chain latency.
 
     .venv/bin/python -m benchmarks.bench_stream --profile gpu --time-scale 0.5 --T 1024 --K 50
 
+**The job's shape** (issue 36): ``--blocks`` splits the budget ``--T`` into blocks of
+``--block-size`` (``K`` transitions each); ``--eos-median N`` gives the server's model an EOS
+(``benchmarks.fast_model.EosHazard``: geometric answer lengths of median ``N`` tokens at the
+proposal temperature) and the chains stop after the block whose state holds one
+(``--stop-at-eos on``, the sampler's default). ``--stop-at-eos both`` also runs the arms of
+``--every-block-arms`` with the stop rule off (``ARM/every``, same seeds) and reports the ratio:
+every block against stopping at EOS, per traversal. ``--sampler`` takes a comma-separated list
+(one table per sampler, arms interleaved per prompt across samplers). Per arm the table adds the
+blocks run, the answers' lengths (median [min-max]), how many chains stopped at an EOS and the
+tokens generated per chain; a replay is token for token and block for block (``bfs`` and
+``predictive`` are exact in law, not token for token: their count is marked ``(in law)``).
+
+    .venv/bin/python -m benchmarks.bench_stream --profile gpu --time-scale 0.5 --T 3072 \
+        --blocks 16 --K 10 --eos-median 1024 --stop-at-eos both \
+        --sampler power_mh,entropy_cut,multi_try_mh --arms sequential,crn,predictive,stream \
+        --n-pf auto
+
 Writes ``results.json``, ``results.md`` and ``speedup.png`` (speedup vs W / N_pf per arm) under
 ``--out``. Arms whose traversal is not registered in
 ``presto_client.core.sampler_config.TRAVERSALS`` are skipped with a note.
@@ -36,7 +53,7 @@ import httpx
 from backends import EngineSpec, create_engine
 from presto_client.core.kernels import make_kernel
 from presto_client.core.runners import ChainResult, chain_budget, run_chain
-from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
+from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig, replaying_names
 from presto_client.core.speculation import DEFAULT_TOLERANCE
 from presto_client.reporting.tables import format_stream_waits
 
@@ -49,12 +66,20 @@ class Arm:
     traversal: str
     n_pf: int | None
     """W / N_pf; ``None``: the method's default (``stream``: no cap, the engine sizes it)."""
+    stop_at_eos: bool = True
+    """The stop rule (only where the model has an EOS); ``False``: every block runs."""
 
     @property
     def name(self) -> str:
-        if self.traversal == "sequential":
-            return self.traversal
-        return f"{self.traversal}@{'auto' if self.n_pf is None else self.n_pf}"
+        base = self.traversal
+        if self.traversal != "sequential":
+            base = f"{self.traversal}@{'auto' if self.n_pf is None else self.n_pf}"
+        return base if self.stop_at_eos else f"{base}/every"
+
+    @property
+    def stop_twin(self) -> str:
+        """The name of the same arm with the stop rule on."""
+        return Arm(self.traversal, self.n_pf).name
 
 
 @dataclass
@@ -68,6 +93,8 @@ class Block:
     wall_s: float
     chains: list[dict[str, Any]] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)
+    sampler: str = "power_mh"
+    stop_at_eos: bool = True
 
     def total(self, key: str) -> float:
         """Sum of a statistic over the chains that finished (failed ones have no stats)."""
@@ -115,13 +142,25 @@ def make_prompts(count: int, length: int, vocab: int, seed: int) -> list[tuple[i
     return [tuple(rng.randrange(vocab) for _ in range(length)) for _ in range(count)]
 
 
-def sampler_config(name: str, alpha: float, T: int, K: int) -> SamplerConfig:
+def sampler_config(
+    name: str,
+    alpha: float,
+    T: int,
+    K: int,
+    *,
+    blocks: int = 1,
+    eos_token_id: int | None = None,
+    stop_at_eos: bool = True,
+) -> SamplerConfig:
+    """``blocks`` blocks of ``T`` tokens (``T`` is the block size), ``K`` transitions each."""
     return SamplerConfig(
         sampler=name,  # type: ignore[arg-type]
         alpha=alpha,
         block_size=T,
-        num_blocks=1,
+        num_blocks=blocks,
         steps_per_block=K,
+        eos_token_id=eos_token_id,
+        stop_at_eos=stop_at_eos and eos_token_id is not None,
     )
 
 
@@ -131,6 +170,7 @@ def chain_record(result: ChainResult, seed: int, wall_s: float) -> dict[str, Any
         "wall_s": wall_s,
         "stats": result.stats.as_dict(),
         "tokens": list(result.full_token_ids),
+        "answer_tokens": len(result.token_ids),
     }
 
 
@@ -181,7 +221,17 @@ async def run_block(
             await engine.aclose()
         wall = time.perf_counter() - t0
         server = (await control.get("/stats")).json()
-    return Block(arm.name, arm.traversal, arm.n_pf, prompt_index, wall, list(records), server)
+    return Block(
+        arm.name,
+        arm.traversal,
+        arm.n_pf,
+        prompt_index,
+        wall,
+        list(records),
+        server,
+        sampler.sampler,
+        arm.stop_at_eos,
+    )
 
 
 def _med_range(values: list[float]) -> dict[str, float]:
@@ -190,83 +240,161 @@ def _med_range(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _ok_pairs(b: Block, ref: Block) -> list[int]:
+    """Chains that finished in both blocks (failed ones have no stats)."""
+    return [
+        i
+        for i, (c, r) in enumerate(zip(b.chains, ref.chains, strict=True))
+        if "stats" in c and "stats" in r
+    ]
+
+
+def _paired(chains: list[dict[str, Any]], key: str, ok: list[int]) -> float:
+    return float(sum(chains[i]["stats"][key] for i in ok))
+
+
 def summarise(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
-    base = {b.prompt: b for b in blocks if b.traversal == "sequential"}
+    """One row per sampler and arm; speedups against ``sequential`` with the same stop rule."""
     rows = []
-    for arm in arms:
-        mine = [b for b in blocks if b.arm == arm.name]
-        if not mine:
-            continue
-        call_sp, wall_sp, tok_rel, srv_rel, replays, failed = [], [], [], [], 0, 0
-        for b in mine:
-            ref = base.get(b.prompt)
-            if ref is None:
-                continue
-            ok = [
-                i
-                for i, (c, r) in enumerate(zip(b.chains, ref.chains, strict=True))
-                if "stats" in c and "stats" in r
-            ]
-            failed += len(b.chains) - len(ok)
-            if not ok:
-                continue
-
-            def paired(chains: list[dict[str, Any]], key: str, ok: list[int] = ok) -> float:
-                return float(sum(chains[i]["stats"][key] for i in ok))
-
-            call_sp.append(
-                paired(ref.chains, "model_call_time_s")
-                / max(paired(b.chains, "model_call_time_s"), 1e-9)
-            )
-            ref_wall = sum(ref.chains[i]["wall_s"] for i in ok)
-            wall_sp.append(ref_wall / max(sum(b.chains[i]["wall_s"] for i in ok), 1e-9))
-            ref_tokens = max(paired(ref.chains, "tokens_generated"), 1.0)
-            tok_rel.append(paired(b.chains, "tokens_generated") / ref_tokens)
-            srv_rel.append(
-                b.server.get("tokens_generated", 0) / max(ref.server.get("tokens_generated", 0), 1)
-            )
-            replays += sum(b.chains[i]["tokens"] == ref.chains[i]["tokens"] for i in ok)
-        transitions = sum(b.total("transitions") for b in mine)
-        calls = sum(b.total("rounds") for b in mine)
-        wall = sum(b.wall_s for b in mine)
-        n_chains = sum(len(b.chains) for b in mine)
-        rows.append(
-            {
-                "arm": arm.name,
-                "traversal": arm.traversal,
-                "n_pf": arm.n_pf,
-                "chains": n_chains,
-                "model_call_time_s": sum(b.total("model_call_time_s") for b in mine),
-                "wall_s": wall,
-                "speedup_calls": _med_range(call_sp),
-                "speedup_wall": _med_range(wall_sp),
-                "transitions_per_call": transitions / calls if calls else 0.0,
-                "tokens_vs_sequential": _med_range(tok_rel),
-                "server_tokens_vs_sequential": _med_range(srv_rel),
-                "requests_cancelled": sum(b.total("requests_cancelled") for b in mine),
-                "early_rejects": sum(b.total("early_rejects") for b in mine),
-                "tokens_saved_early": sum(b.total("tokens_saved_early") for b in mine),
-                "budget_wait_s": sum(b.total("budget_wait_s") for b in mine),
-                "rewrite_wait_s": sum(b.total("rewrite_wait_s") for b in mine),
-                "floor_wait_s": sum(b.total("floor_wait_s") for b in mine),
-                "budget_refusals": sum(b.total("budget_refusals") for b in mine),
-                "slot_refusals": sum(b.total("slot_refusals") for b in mine),
-                "replays_sequential": f"{replays}/{n_chains}",
-                "failed_chains": failed,
-                "throughput_tps": transitions / wall if wall else 0.0,
-                "mean_chain_latency_s": statistics.mean(
-                    [c["wall_s"] for b in mine for c in b.chains if "stats" in c] or [0.0]
-                ),
-                "server_peak_running": max(b.server.get("peak_running", 0) for b in mine),
-                "server_mean_running": statistics.mean(
-                    b.server.get("mean_running", 0.0) for b in mine
-                ),
-                "server_aborted": sum(b.server.get("aborted", 0) for b in mine),
-                "server_starved_share": max(b.server.get("starved_share", 0.0) for b in mine),
-                "server_dropped_s": sum(b.server.get("dropped_s", 0.0) for b in mine),
-            }
-        )
+    samplers = list(dict.fromkeys(b.sampler for b in blocks))
+    for sampler in samplers:
+        base = {
+            (b.prompt, b.stop_at_eos): b
+            for b in blocks
+            if b.traversal == "sequential" and b.sampler == sampler
+        }
+        for arm in arms:
+            mine = [b for b in blocks if b.arm == arm.name and b.sampler == sampler]
+            if mine:
+                rows.append(_row(sampler, arm, mine, base))
     return rows
+
+
+def _row(
+    sampler: str, arm: Arm, mine: list[Block], base: dict[tuple[int, bool], Block]
+) -> dict[str, Any]:
+    call_sp, wall_sp, tok_rel, srv_rel, replays, failed = [], [], [], [], 0, 0
+    for b in mine:
+        ref = base.get((b.prompt, b.stop_at_eos))
+        if ref is None:
+            continue
+        ok = _ok_pairs(b, ref)
+        failed += len(b.chains) - len(ok)
+        if not ok:
+            continue
+        call_sp.append(
+            _paired(ref.chains, "model_call_time_s", ok)
+            / max(_paired(b.chains, "model_call_time_s", ok), 1e-9)
+        )
+        ref_wall = sum(ref.chains[i]["wall_s"] for i in ok)
+        wall_sp.append(ref_wall / max(sum(b.chains[i]["wall_s"] for i in ok), 1e-9))
+        ref_tokens = max(_paired(ref.chains, "tokens_generated", ok), 1.0)
+        tok_rel.append(_paired(b.chains, "tokens_generated", ok) / ref_tokens)
+        srv_rel.append(
+            b.server.get("tokens_generated", 0) / max(ref.server.get("tokens_generated", 0), 1)
+        )
+        # Token for token (the state's tokens: the stop block included) and block for block.
+        replays += sum(
+            b.chains[i]["tokens"] == ref.chains[i]["tokens"]
+            and b.chains[i]["stats"].get("blocks_run") == ref.chains[i]["stats"].get("blocks_run")
+            for i in ok
+        )
+    done = [c for b in mine for c in b.chains if "stats" in c]
+    transitions = sum(b.total("transitions") for b in mine)
+    calls = sum(b.total("rounds") for b in mine)
+    wall = sum(b.wall_s for b in mine)
+    n_chains = sum(len(b.chains) for b in mine)
+    answers = [float(c.get("answer_tokens", len(c["tokens"]))) for c in done]
+    return {
+        "sampler": sampler,
+        "arm": arm.name,
+        "traversal": arm.traversal,
+        "n_pf": arm.n_pf,
+        "stop_at_eos": arm.stop_at_eos,
+        "chains": n_chains,
+        "model_call_time_s": sum(b.total("model_call_time_s") for b in mine),
+        "wall_s": wall,
+        "speedup_calls": _med_range(call_sp),
+        "speedup_wall": _med_range(wall_sp),
+        "transitions_per_call": transitions / calls if calls else 0.0,
+        "tokens_vs_sequential": _med_range(tok_rel),
+        "server_tokens_vs_sequential": _med_range(srv_rel),
+        "tokens_per_chain": statistics.mean(
+            [float(c["stats"]["tokens_generated"]) for c in done] or [0.0]
+        ),
+        "blocks_run_mean": statistics.mean(
+            [float(c["stats"].get("blocks_run", 0)) for c in done] or [0.0]
+        ),
+        "stopped_at_eos": sum(bool(c["stats"].get("stopped_at_eos")) for c in done),
+        "answer_tokens": _med_range(answers),
+        "answer_tokens_mean": statistics.mean(answers or [0.0]),
+        "requests_cancelled": sum(b.total("requests_cancelled") for b in mine),
+        "early_rejects": sum(b.total("early_rejects") for b in mine),
+        "tokens_saved_early": sum(b.total("tokens_saved_early") for b in mine),
+        "budget_wait_s": sum(b.total("budget_wait_s") for b in mine),
+        "rewrite_wait_s": sum(b.total("rewrite_wait_s") for b in mine),
+        "floor_wait_s": sum(b.total("floor_wait_s") for b in mine),
+        "budget_refusals": sum(b.total("budget_refusals") for b in mine),
+        "slot_refusals": sum(b.total("slot_refusals") for b in mine),
+        "replays_sequential": f"{replays}/{n_chains}",
+        "replaying": arm.traversal in replaying_names(),
+        "failed_chains": failed,
+        "throughput_tps": transitions / wall if wall else 0.0,
+        "mean_chain_latency_s": statistics.mean([c["wall_s"] for c in done] or [0.0]),
+        "server_peak_running": max(b.server.get("peak_running", 0) for b in mine),
+        "server_mean_running": statistics.mean(b.server.get("mean_running", 0.0) for b in mine),
+        "server_aborted": sum(b.server.get("aborted", 0) for b in mine),
+        "server_starved_share": max(b.server.get("starved_share", 0.0) for b in mine),
+        "server_dropped_s": sum(b.server.get("dropped_s", 0.0) for b in mine),
+    }
+
+
+def stop_ratios(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
+    """Every block against stopping at EOS, per sampler and arm run both ways (same seeds):
+    the ratios of chain wall time, model-call time and tokens generated (median [min-max]
+    over prompts), with the blocks each ran."""
+    out = []
+    for sampler in dict.fromkeys(b.sampler for b in blocks):
+        for arm in arms:
+            if arm.stop_at_eos:
+                continue
+            every = [b for b in blocks if b.sampler == sampler and b.arm == arm.name]
+            stops = {b.prompt: b for b in blocks if b.sampler == sampler and b.arm == arm.stop_twin}
+            wall, calls, tokens, blocks_every, blocks_stop = [], [], [], [], []
+            for b in every:
+                ref = stops.get(b.prompt)
+                if ref is None:
+                    continue
+                ok = _ok_pairs(b, ref)
+                if not ok:
+                    continue
+                wall.append(
+                    sum(b.chains[i]["wall_s"] for i in ok)
+                    / max(sum(ref.chains[i]["wall_s"] for i in ok), 1e-9)
+                )
+                calls.append(
+                    _paired(b.chains, "model_call_time_s", ok)
+                    / max(_paired(ref.chains, "model_call_time_s", ok), 1e-9)
+                )
+                tokens.append(
+                    _paired(b.chains, "tokens_generated", ok)
+                    / max(_paired(ref.chains, "tokens_generated", ok), 1.0)
+                )
+                blocks_every += [float(b.chains[i]["stats"].get("blocks_run", 0)) for i in ok]
+                blocks_stop += [float(ref.chains[i]["stats"].get("blocks_run", 0)) for i in ok]
+            if wall:
+                out.append(
+                    {
+                        "sampler": sampler,
+                        "arm": arm.stop_twin,
+                        "ratio_wall": _med_range(wall),
+                        "ratio_calls": _med_range(calls),
+                        "ratio_tokens": _med_range(tokens),
+                        "blocks_every": statistics.mean(blocks_every),
+                        "blocks_stop": statistics.mean(blocks_stop),
+                    }
+                )
+    return out
 
 
 def _fmt_range(r: dict[str, float]) -> str:
@@ -278,23 +406,47 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
         header,
         "",
         "| arm | speedup (end to end) | speedup (model-call time) | trans/call | tokens vs seq "
-        "(client/server) | cancelled | early rej. | tokens saved | replays seq | trans/s "
+        "(client/server) | tokens/chain | blocks run | answer tokens | stopped at EOS "
+        "| cancelled | early rej. | tokens saved | replays seq | trans/s "
         "| mean chain s | server peak/mean running | starved | clock dropped s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        answers = r["answer_tokens"]
         lines.append(
             f"| {r['arm']} | {_fmt_range(r['speedup_wall'])} | {_fmt_range(r['speedup_calls'])} "
             f"| {r['transitions_per_call']:.2f} | {r['tokens_vs_sequential']['median']:.2f}x / "
             f"{r['server_tokens_vs_sequential']['median']:.2f}x "
+            f"| {r['tokens_per_chain']:.0f} | {r['blocks_run_mean']:.1f} "
+            f"| {answers['median']:.0f} [{answers['min']:.0f}-{answers['max']:.0f}] "
+            f"| {r['stopped_at_eos']}/{r['chains']} "
             f"| {r['requests_cancelled']:.0f} | {r['early_rejects']:.0f} "
-            f"| {r['tokens_saved_early']:.0f} | {r['replays_sequential']} "
+            f"| {r['tokens_saved_early']:.0f} | {r['replays_sequential']}"
+            f"{'' if r.get('replaying', True) else ' (in law)'} "
             f"| {r['throughput_tps']:.2f} | {r['mean_chain_latency_s']:.2f} "
             f"| {r['server_peak_running']}/{r['server_mean_running']:.1f} "
             f"| {r['server_starved_share']:.1%} | {r['server_dropped_s']:.1f} |"
         )
     waits = format_stream_waits(rows)
     return "\n".join(lines) + "\n" + (f"\n{waits}\n" if waits else "")
+
+
+def markdown_stop(ratios: list[dict[str, Any]]) -> str:
+    """The stop rule's gain: every block against stopping at EOS, same arm and seeds."""
+    if not ratios:
+        return ""
+    lines = [
+        "| sampler | arm | every block / stop at EOS: end to end | model-call time | tokens "
+        "| blocks run (every / stop) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in ratios:
+        lines.append(
+            f"| {r['sampler']} | {r['arm']} | {_fmt_range(r['ratio_wall'])} "
+            f"| {_fmt_range(r['ratio_calls'])} | {_fmt_range(r['ratio_tokens'])} "
+            f"| {r['blocks_every']:.1f} / {r['blocks_stop']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
@@ -306,6 +458,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
     except ImportError:
         print("matplotlib is not installed (extra 'plots'): no plot", flush=True)
         return False
+    if not any(r["n_pf"] is not None and r["traversal"] != "sequential" for r in rows):
+        return False  # no sweep (W / N_pf only "auto"): nothing to plot
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for traversal in ALL_ARMS[1:]:
         mine = sorted(
@@ -330,22 +484,68 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
     return True
 
 
-async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
-    sampler = sampler_config(args.sampler, args.alpha, args.T, args.K)
-    prompts = make_prompts(args.prompts, args.prompt_len, args.vocab_size, args.seed)
-    arms: list[Arm] = []
+def block_size(args: argparse.Namespace) -> int:
+    """The block size: ``--block-size``, else the budget ``--T`` split into ``--blocks``."""
+    if args.block_size is not None:
+        return int(args.block_size)
+    if args.T % args.blocks:
+        raise SystemExit(f"--T {args.T} does not split into {args.blocks} blocks")
+    return int(args.T // args.blocks)
+
+
+def budget(args: argparse.Namespace) -> int:
+    """Tokens a chain may generate at most: ``blocks × block size``."""
+    return int(args.blocks * block_size(args))
+
+
+def eos_token_id(args: argparse.Namespace) -> int | None:
+    if not args.eos_median:
+        return None
+    return args.vocab_size - 1 if args.eos_token_id is None else int(args.eos_token_id)
+
+
+def make_arms(args: argparse.Namespace) -> list[Arm]:
+    """The arms in the order they run per prompt: with the stop rule, then (``--stop-at-eos
+    both``) the arms of ``--every-block-arms`` without it."""
+    names = []
     for name in args.arms.split(","):
         if name not in TRAVERSALS:
             print(f"note: traversal {name!r} is not registered (TRAVERSALS={TRAVERSALS}): skipped")
             continue
+        names.append(name)
+
+    def arms_of(name: str, stop: bool) -> list[Arm]:
         if name == "sequential":
-            arms.append(Arm(name, 1))
-        else:
-            arms.extend(Arm(name, n) for n in args.n_pf)
+            return [Arm(name, 1, stop)]
+        return [Arm(name, n, stop) for n in args.n_pf]
+
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.stop_at_eos]
+    every = set(args.every_block_arms.split(",")) if args.stop_at_eos == "both" else set(names)
+    arms: list[Arm] = []
+    for stop in modes:
+        for name in names:
+            if stop or name in every:
+                arms.extend(arms_of(name, stop))
+    return arms
+
+
+async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
+    samplers = args.sampler.split(",")
+    size = block_size(args)
+    eos = eos_token_id(args)
+    configs = {
+        (name, stop): sampler_config(
+            name, args.alpha, size, args.K, blocks=args.blocks, eos_token_id=eos, stop_at_eos=stop
+        )
+        for name in samplers
+        for stop in (True, False)
+    }
+    prompts = make_prompts(args.prompts, args.prompt_len, args.vocab_size, args.seed)
+    arms = make_arms(args)
     # An uncapped window may keep every transition of the block in flight, each proposal with
     # its sequences (MultiTryMH: one request per try).
     sizes = [n for n in args.n_pf if n is not None]
-    per = make_kernel(sampler).sequences_per_proposal
+    per = max(make_kernel(c).sequences_per_proposal for c in configs.values())
     max_conc = args.max_concurrency or max(32, args.chains * max([*sizes, args.K]) * per)
     spec_kw = {"top_k": args.top_k, "max_concurrency": max_conc, "request_timeout_s": 3600.0}
     probe = create_engine(EngineSpec("vllm", (base_url,), **spec_kw))
@@ -363,37 +563,50 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         partial.write_text("")
     t_start = time.perf_counter()
     for p, prompt in enumerate(prompts):
-        for arm in arms:
-            block = await run_block(
-                base_url,
-                arm,
-                p,
-                prompt,
-                sampler,
-                args.chains,
-                args.seed + 1000 * p,
-                spec_kw,
-                args.speculation_tolerance,
-            )
-            blocks.append(block)
-            if partial is not None:  # what a killed run leaves behind
-                with partial.open("a") as fh:
-                    fh.write(json.dumps(block.__dict__) + "\n")
-            print(
-                f"prompt {p} {arm.name:>14}: wall {block.wall_s:7.2f} s, model-call "
-                f"{block.total('model_call_time_s'):7.2f} s, transitions "
-                f"{block.total('transitions'):.0f}, calls {block.total('rounds'):.0f}, "
-                f"server peak {block.server.get('peak_running')}, starved "
-                f"{block.server.get('starved_share', 0):.1%}",
-                flush=True,
-            )
+        for name in samplers:
+            for arm in arms:
+                block = await run_block(
+                    base_url,
+                    arm,
+                    p,
+                    prompt,
+                    configs[name, arm.stop_at_eos],
+                    args.chains,
+                    args.seed + 1000 * p,
+                    spec_kw,
+                    args.speculation_tolerance,
+                )
+                blocks.append(block)
+                if partial is not None:  # what a killed run leaves behind
+                    with partial.open("a") as fh:
+                        fh.write(json.dumps(block.__dict__) + "\n")
+                done = [c["stats"] for c in block.chains if "stats" in c]
+                print(
+                    f"prompt {p} {name} {arm.name:>14}: wall {block.wall_s:7.2f} s, model-call "
+                    f"{block.total('model_call_time_s'):7.2f} s, transitions "
+                    f"{block.total('transitions'):.0f}, calls {block.total('rounds'):.0f}, "
+                    f"blocks {'/'.join(str(c.get('blocks_run')) for c in done)}, tokens "
+                    f"{block.total('tokens_generated'):.0f}, server peak "
+                    f"{block.server.get('peak_running')}, starved "
+                    f"{block.server.get('starved_share', 0):.1%}",
+                    flush=True,
+                )
     rows = summarise(blocks, arms)
     return {
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "total_wall_s": time.perf_counter() - t_start,
         "rows": rows,
+        "stop_ratios": stop_ratios(blocks, arms),
         "blocks": [b.__dict__ for b in blocks],
     }
+
+
+def _samplers(text: str) -> str:
+    names = text.split(",")
+    for name in names:
+        if name not in ("power_mh", "entropy_cut", "multi_try_mh"):
+            raise argparse.ArgumentTypeError(f"unknown sampler {name!r}")
+    return ",".join(dict.fromkeys(names))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -412,11 +625,42 @@ def build_parser() -> argparse.ArgumentParser:
         "clock here) or reference (hashes the whole context)",
     )
     parser.add_argument("--max-num-seqs", type=int, default=None)
-    parser.add_argument("--T", type=int, default=1024, help="block size (one block)")
-    parser.add_argument("--K", type=int, default=50, help="MH steps")
+    parser.add_argument(
+        "--T", type=int, default=1024, help="the budget: blocks x block size (one block: its size)"
+    )
+    parser.add_argument("--blocks", type=int, default=1, help="blocks the budget is split into")
+    parser.add_argument(
+        "--block-size", type=int, default=None, help="tokens a block (default: T / blocks)"
+    )
+    parser.add_argument("--K", type=int, default=50, help="MH steps a block")
     parser.add_argument("--alpha", type=float, default=4.0)
     parser.add_argument(
-        "--sampler", choices=("power_mh", "entropy_cut", "multi_try_mh"), default="power_mh"
+        "--sampler",
+        type=_samplers,
+        default="power_mh",
+        help="power_mh, entropy_cut, multi_try_mh, or a comma-separated list of them",
+    )
+    parser.add_argument(
+        "--eos-median",
+        type=float,
+        default=None,
+        help="give the server's model an EOS: geometric answer lengths of this median (tokens) "
+        "at the proposal temperature 1/alpha (default: none, answers never end)",
+    )
+    parser.add_argument(
+        "--eos-token-id", type=int, default=None, help="the EOS (default: the last token)"
+    )
+    parser.add_argument(
+        "--stop-at-eos",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the stop rule (with --eos-median): on (the default config), off (every block "
+        "runs), both (the arms of --every-block-arms run also with it off: the ratio)",
+    )
+    parser.add_argument(
+        "--every-block-arms",
+        default="sequential,stream",
+        help="with --stop-at-eos both: the traversals also run with the stop rule off",
     )
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=16)
@@ -470,32 +714,55 @@ def main(argv: list[str] | None = None) -> None:
         "--vocab-size",
         str(args.vocab_size),
         "--max-model-len",
-        str(max(4096, args.prompt_len + args.T + 1)),
+        str(max(4096, args.prompt_len + budget(args) + 1)),
         "--max-logprobs",
         str(args.max_logprobs),
     ]
     if args.max_num_seqs is not None:
         server_args += ["--max-num-seqs", str(args.max_num_seqs)]
     server_args += ["--model", args.model]
+    eos = eos_token_id(args)
+    if eos is not None:
+        server_args += ["--eos-token-id", str(eos), "--eos-median", str(args.eos_median)]
+        server_args += ["--eos-temperature", repr(1.0 / args.alpha)]
     if args.server_url:
+        if eos is not None:
+            print(f"note: --server-url: the server must serve EOS {eos} itself", flush=True)
         result = asyncio.run(bench(args, args.server_url))
     else:
         with LatencyServerProcess(server_args) as server:
             result = asyncio.run(bench(args, server.base_url))
     args.out.mkdir(parents=True, exist_ok=True)
-    title = (
-        f"{args.profile} profile (time_scale {args.time_scale}), {args.sampler} alpha={args.alpha},"
-        f" T={args.T}, K={args.K}, {args.prompts} prompts x {args.chains} chains"
+    shape = (
+        f"T={args.T}, K={args.K}"
+        if args.blocks == 1
+        else f"T={budget(args)} in {args.blocks} blocks of {block_size(args)}, K={args.K} a block"
     )
-    table = markdown(result["rows"], f"**{title}**")
+    if eos is not None:
+        shape += f", EOS median {args.eos_median:g}, stop at EOS {args.stop_at_eos}"
+    samplers = args.sampler.split(",")
+    tables, plots = [], []
+    for name in samplers:
+        title = (
+            f"{args.profile} profile (time_scale {args.time_scale}), {name} alpha={args.alpha},"
+            f" {shape}, {args.prompts} prompts x {args.chains} chains"
+        )
+        rows = [r for r in result["rows"] if r["sampler"] == name]
+        tables.append(markdown(rows, f"**{title}**"))
+        png = args.out / ("speedup.png" if len(samplers) == 1 else f"speedup_{name}.png")
+        if plot(rows, png, title):
+            plots.append(png)
+    ratios = markdown_stop(result["stop_ratios"])
+    if ratios:
+        tables.append(f"**Every block against stopping at EOS (same arm, seeds)**\n\n{ratios}")
+    table = "\n".join(tables)
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "results.md").write_text(table)
-    plotted = plot(result["rows"], args.out / "speedup.png", title)
     print()
     print(table)
     print(
         f"total {result['total_wall_s']:.0f} s; wrote {args.out / 'results.json'}, "
-        f"{args.out / 'results.md'}" + (f", {args.out / 'speedup.png'}" if plotted else "")
+        f"{args.out / 'results.md'}" + "".join(f", {png}" for png in plots)
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.bench_stream import bench, build_parser, markdown, plot
+from benchmarks.bench_stream import bench, build_parser, markdown, markdown_stop, plot
+from benchmarks.fast_model import EosHazard
 from benchmarks.latency_server import CostProfile, LatencyServer, ServerThread
 
 FAST = CostProfile("test-fast", 0.5e-3, 0.01e-3, 0.0, 64)
@@ -37,3 +38,39 @@ async def test_bench_runs_the_arms_side_by_side(tmp_path: Path) -> None:
     table = markdown(result["rows"], "title")
     assert "| stream@4 |" in table
     plot(result["rows"], tmp_path / "speedup.png", "t")
+
+
+async def test_multi_block_job_stops_at_eos_and_replays(tmp_path: Path) -> None:
+    """The job's shape, tiny: blocks, an EOS model, the stop rule on and off (not a timing)."""
+    argv = [
+        *("--T", "64", "--blocks", "4", "--K", "3", "--prompts", "3"),
+        *("--sampler", "power_mh,entropy_cut,multi_try_mh"),
+        *("--arms", "sequential,crn,predictive,stream", "--n-pf", "auto"),
+        *("--eos-median", "20", "--stop-at-eos", "both", "--every-block-arms", "sequential,stream"),
+    ]
+    args = build_parser().parse_args([*argv, "--out", str(tmp_path)])
+    eos = EosHazard.from_median(63, 20, temperature=0.25)
+    with ServerThread(LatencyServer(FAST, model="windowed", eos=eos, max_logprobs=-1)) as server:
+        result = await bench(args, server.base_url)
+    rows = {(r["sampler"], r["arm"]): r for r in result["rows"]}
+    arms = {"sequential", "crn@auto", "predictive@auto", "stream@auto"}
+    every = {"sequential/every", "stream@auto/every"}
+    for sampler in ("power_mh", "entropy_cut", "multi_try_mh"):
+        assert {a for s, a in rows if s == sampler} == arms | every
+        for arm in arms | every:
+            if not arm.startswith("predictive"):  # exact in law, not token for token
+                assert rows[sampler, arm]["replays_sequential"] == "3/3", (sampler, arm)
+        for arm in ("sequential", "stream@auto"):
+            stop, all_blocks = rows[sampler, arm], rows[sampler, f"{arm}/every"]
+            assert all_blocks["blocks_run_mean"] == 4
+            assert stop["blocks_run_mean"] < 4 and stop["stopped_at_eos"] >= 1
+            assert stop["tokens_per_chain"] < all_blocks["tokens_per_chain"]
+    ratios = {(r["sampler"], r["arm"]): r for r in result["stop_ratios"]}
+    assert set(ratios) == {
+        (s, a)
+        for s in ("power_mh", "entropy_cut", "multi_try_mh")
+        for a in ("sequential", "stream@auto")
+    }
+    assert all(r["ratio_tokens"]["median"] > 1 for r in ratios.values())
+    table = markdown(result["rows"], "title") + markdown_stop(result["stop_ratios"])
+    assert "| stream@auto/every |" in table and "| power_mh | sequential |" in table
