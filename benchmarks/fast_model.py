@@ -27,7 +27,7 @@ default: without an :class:`EosHazard` both models are exactly what they were.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,12 +132,38 @@ class WindowedReferenceModel(ReferenceModel):
             self._table = eos.apply(self._table)
         self.eos = eos
         self._memory = memory
+        self._rows: list[FloatArray] = list(self._table)
+        """The table's rows as lasting objects: a row's identity names it (servers' memos)."""
+        self._cumulative: dict[tuple[int, float], FloatArray] = {}
+
+    def _index(self, context: Sequence[int]) -> int:
+        # Python's hash of a tuple of ints is deterministic (no per-process salt for ints).
+        return hash((len(context), *context[-self._memory :])) % len(self._rows)
 
     def logprobs(self, context: Sequence[int]) -> FloatArray:
-        # Python's hash of a tuple of ints is deterministic (no per-process salt for ints).
-        key = hash((len(context), *context[-self._memory :]))
-        row: FloatArray = self._table[key % self._table.shape[0]]
-        return row
+        return self._rows[self._index(context)]
+
+    def iter_sample(
+        self, prefix: Sequence[int], num_tokens: int, temperature: float, seed: int
+    ) -> Iterator[tuple[int, FloatArray]]:
+        """:meth:`ReferenceModel.iter_sample`'s tokens (the same arithmetic, the same draws),
+        with each row's cumulative ``q_τ`` computed once per temperature."""
+        if temperature == 0.0:
+            yield from super().iter_sample(prefix, num_tokens, temperature, seed)
+            return
+        rng = np.random.default_rng(seed)
+        context = list(prefix)
+        for _ in range(num_tokens):
+            index = self._index(context)
+            row = self._rows[index]
+            cumulative = self._cumulative.get((index, temperature))
+            if cumulative is None:
+                q = np.exp(log_softmax(row / temperature)[0])
+                cumulative = self._cumulative[index, temperature] = np.cumsum(q)
+            drawn = int(np.searchsorted(cumulative, rng.random(), side="right"))
+            token = min(drawn, len(cumulative) - 1)
+            context.append(token)
+            yield token, row
 
     def trim_cache(self, max_rows: int) -> None:
         return None

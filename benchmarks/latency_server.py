@@ -83,7 +83,7 @@ from typing import Any
 
 from aiohttp import web
 
-from benchmarks.fast_model import EosHazard, make_model
+from benchmarks.fast_model import EosHazard, WindowedReferenceModel, make_model
 from presto_client.core.engine_protocol import FloatArray
 from tests.support.emulation import BadRequest, EmulationServer
 
@@ -249,6 +249,8 @@ class LatencyServer:
         if served is not None:
             self.emulation.model = served
         self.eos = eos
+        self._entries: dict[tuple[Any, ...], tuple[float, dict[str, float]] | None] = {}
+        """Rendered logprobs of the windowed model's tokens (see :meth:`_advance`)."""
         self.stats = StepStats()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
@@ -352,12 +354,26 @@ class LatencyServer:
                 seq.prompt, seq.n, opts["temperature"], opts["seed"], top_k
             )
             emu.model.trim_cache(self.max_cached_rows)
+        memo = self._entries if isinstance(emu.model, WindowedReferenceModel) else None
         for _ in range(self.chunk):
             item = next(seq.generator, None)
             if item is None:
                 return
             token, row = item
-            entry = emu.vllm_token_entry(token, row, seq.opts)
+            if memo is None:
+                entry = emu.vllm_token_entry(token, row, seq.opts)
+            else:
+                # The windowed model's rows are lasting objects: a token's rendered logprobs
+                # depend on its row, its id and the request's options only, so they are
+                # rendered once (by the emulation) and shared, read-only.
+                opts = seq.opts
+                key = (id(row), token, opts["logprobs"], opts["as_ids"], opts["temperature"])
+                key += (opts["top_k"],)
+                entry = memo.get(key)
+                if entry is None:
+                    if len(memo) > self.max_cached_rows * 4:
+                        memo.clear()
+                    entry = memo[key] = emu.vllm_token_entry(token, row, opts)
             if entry is not None:
                 seq.entries.append(entry)
             seq.tokens.append(token)  # last: a reader seeing the token sees its entry

@@ -133,3 +133,43 @@ async def test_the_server_serves_the_eos_model() -> None:
         assert ids == model.sample([1, 2, 3], 64, 0.25, 11)[0]
         assert len(ids) == 64  # the server ignores EOS: fixed-length answers
         assert stats["eos"] == {"token_id": EOS, "hazard": eos.hazard, "temperature": 0.25}
+
+
+@pytest.mark.parametrize("eos", [None, EosHazard(EOS, 0.05)])
+def test_the_windowed_models_cached_sampling_draws_the_reference_samplers_tokens(
+    eos: EosHazard | None,
+) -> None:
+    model = WindowedReferenceModel(VOCAB, seed=2, eos=eos)
+    for temperature in (0.25, 0.5, 1.0, 0.0):
+        for seed in range(5):
+            fast = list(model.iter_sample([3, seed], 200, temperature, seed))
+            slow = list(ReferenceModel.iter_sample(model, [3, seed], 200, temperature, seed))
+            assert [t for t, _ in fast] == [t for t, _ in slow]
+            assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(fast, slow, strict=True))
+
+
+async def test_the_servers_rendering_memo_serves_what_the_emulation_renders() -> None:
+    """The windowed model's rendered logprobs are memoised: served twice, equal to the
+    emulation's own rendering of the same tokens."""
+    server = LatencyServer(FAST, model="windowed", eos=EosHazard.from_median(EOS, 16))
+    body = {
+        "prompt": [4, 5],
+        "max_tokens": 48,
+        "temperature": 0.5,
+        "seed": 3,
+        "logprobs": 5,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+    with ServerThread(server) as thread:
+        async with httpx.AsyncClient(base_url=thread.base_url, timeout=30) as client:
+            first = (await client.post("/v1/completions", json=body)).json()
+            second = (await client.post("/v1/completions", json=body)).json()
+    assert server._entries  # the memo was used
+    assert first["choices"][0]["logprobs"] == second["choices"][0]["logprobs"]
+    emu = server.emulation
+    opts = emu.vllm_validate(body)[1]
+    ids = first["choices"][0]["token_ids"]
+    rows = emu.model.rows([4, 5], ids)
+    expected = [emu.vllm_token_entry(t, r, opts) for t, r in zip(ids, rows, strict=True)]
+    assert first["choices"][0]["logprobs"]["top_logprobs"] == [e[1] for e in expected if e]
