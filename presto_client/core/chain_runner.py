@@ -42,6 +42,9 @@ class ChainResult:
     final_state: ChainState
     stats: ChainStats
     transitions: list[TransitionRecord]
+    alternatives: tuple[tuple[int, ...], ...] = ()
+    """Further answers of the chain, EOS-truncated (``majority_vote``: the other samples, which
+    a graded job grades too and scores by their majority); empty for every other method."""
 
 
 class ChainRunner:

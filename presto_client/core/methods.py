@@ -21,6 +21,13 @@ from presto_client.core.chain_runner import ChainRunner, RoundCallback
 from presto_client.core.engine_protocol import Engine
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.presto_runner import PrestoRunner
+from presto_client.core.sample_baselines import (
+    DEFAULT_SAMPLES,
+    BestOfNRunner,
+    MajorityVoteRunner,
+    PowerSMCRunner,
+    SampleSetRunner,
+)
 from presto_client.core.sequential_runner import SequentialRunner
 from presto_client.core.settings import ROUND_SIZE, WINDOW, SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
@@ -28,11 +35,12 @@ from presto_client.core.stream_runner import StreamRunner
 from presto_client.core.tree import TRAVERSAL_RULES, PlanRule
 
 MethodKind = Literal["mh", "baseline"]
-SizeParameter = Literal["round", "window", "none"]
+SizeParameter = Literal["round", "window", "samples", "none"]
 
 DEFAULT_SIZES: dict[SizeParameter, int | None] = {
     "round": ROUND_SIZE,
     "window": WINDOW,
+    "samples": DEFAULT_SAMPLES,
     "none": None,
 }
 
@@ -228,4 +236,21 @@ register_method(
 )
 for _name, _temperature in BASELINE_TEMPERATURES.items():
     register_method(baseline_method(_name, _temperature))
-del _name, _rule, _temperature
+
+
+def sample_set_method(name: str, runner: type[SampleSetRunner], description: str) -> Method:
+    """A baseline arm of ``N`` samples (``N``: the job's ``samples``)."""
+
+    def make(setup: ChainSetup) -> ChainRunner:
+        return runner(setup.engine, setup.sampler, setup.seed, setup.on_round, samples=setup.size)
+
+    return Method(name, "baseline", make, "samples", False, description)
+
+
+for _name, _runner, _description in (
+    ("best_of_n", BestOfNRunner, "N base-model samples, the most likely one (mean log p0)"),
+    ("majority_vote", MajorityVoteRunner, "N base-model samples, graded by their majority"),
+    ("power_smc", PowerSMCRunner, "Power-SMC: N particles towards p0^alpha (approximate)"),
+):
+    register_method(sample_set_method(_name, _runner, _description))
+del _name, _rule, _temperature, _runner, _description

@@ -66,6 +66,9 @@ class SamplerConfig:
     and no further block runs, so ``block_size × num_blocks`` is a budget. ``False``: every
     block runs (fixed-length responses, truncated only at the end). No effect without
     :attr:`eos_token_id`."""
+    smc_ess_threshold: float = 0.5
+    """Power-SMC (the ``power_smc`` arm): resample when the particles' effective sample size
+    falls below this share of their number."""
     options: tuple[tuple[str, Any], ...] = ()
     """Settings of the sampler's own beyond the fields above (its kernel's ``options``), as
     ``(name, value)`` pairs; a setting left out takes the kernel's declared default."""
@@ -83,6 +86,8 @@ class SamplerConfig:
             raise ValueError("k_try must be >= 1")
         if not self.temperatures or any(t <= 0 for t in self.temperatures):
             raise ValueError("temperatures must be a non-empty list of positive numbers")
+        if not 0 < self.smc_ess_threshold <= 1:
+            raise ValueError("smc_ess_threshold must be in (0, 1]")
         if not 0 < self.epsilon < 0.5:
             raise ValueError("epsilon must be in (0, 0.5)")
 

@@ -27,6 +27,7 @@ from pydantic import (
 from presto_client import defaults
 from presto_client.core.kernels import SAMPLER_KERNELS, sampler_names, sampler_settings
 from presto_client.core.methods import arm_traversal_names, get_method
+from presto_client.core.sample_baselines import DEFAULT_SAMPLES
 from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
 from presto_client.orchestration.engine_config import (
     ENGINE_TAGS,
@@ -228,6 +229,19 @@ class SamplerSettings(StrictModel):
         "in flight. null (the default): the engine sizes the window, from its measured cost and "
         "the slots its chains' heads need, up to every remaining transition of the block.",
     )
+    samples: int = Field(
+        DEFAULT_SAMPLES,
+        ge=1,
+        description="N of the sampling baselines: best_of_n and majority_vote draw N samples "
+        "per chain, power_smc runs N particles.",
+    )
+    smc_ess_threshold: float = Field(
+        _CORE.smc_ess_threshold,
+        gt=0,
+        le=1,
+        description="power_smc: resample when the effective sample size falls below this share "
+        "of the particles.",
+    )
     epsilon: float = Field(
         _CORE.epsilon, gt=0, lt=0.5, description="ε of ε-certain decisions (statistics, predictor)."
     )
@@ -332,7 +346,7 @@ class SamplerSettings(StrictModel):
         """The size a method's arm runs with: ``n_pf`` (a round method), ``window``
         (``stream``) or ``None`` (a method without one)."""
         size = get_method(traversal).size
-        return self.n_pf if size == "round" else self.window if size == "window" else None
+        return {"round": self.n_pf, "window": self.window, "samples": self.samples}.get(size)
 
     @model_validator(mode="before")
     @classmethod
@@ -375,6 +389,7 @@ class SamplerSettings(StrictModel):
             epsilon=self.epsilon,
             eos_token_id=eos_token_id,
             stop_at_eos=self.stop_at_eos,
+            smc_ess_threshold=self.smc_ess_threshold,
             options=tuple(sorted(self.options.items())),
         )
 

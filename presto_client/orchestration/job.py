@@ -58,6 +58,16 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------
 
 
+def _alternatives(
+    token_ids: Sequence[Sequence[int]], texts: Sequence[str | None] | None
+) -> list[tuple[str | None, Sequence[int]]]:
+    """A chain's further answers as ``(text, token ids)`` pairs for its grader."""
+    return [
+        (texts[i] if texts is not None and i < len(texts) else None, ids)
+        for i, ids in enumerate(token_ids)
+    ]
+
+
 class RunDirSink:
     """Writes rounds and finished chains to the run directory as they complete."""
 
@@ -116,8 +126,16 @@ class RunDirSink:
         if result is not None:
             row["token_ids"] = list(result.token_ids)
             row["text"] = outcome.text
+            if result.alternatives:
+                row["alternatives"] = [list(ids) for ids in result.alternatives]
+                row["alternative_texts"] = outcome.alternative_texts
             if self.grader is not None:
-                grade = self.grader.grade(spec.prompt_index, outcome.text, result.token_ids)
+                grade = self.grader.grade(
+                    spec.prompt_index,
+                    outcome.text,
+                    result.token_ids,
+                    alternatives=_alternatives(result.alternatives, outcome.alternative_texts),
+                )
                 if grade is not None:
                     row["grade"] = grade
             row["stats"] = result.stats.as_dict()
@@ -301,6 +319,10 @@ async def _run_chains(
             if outcome.result is not None and engines[outcome.spec.engine].takes_text:
                 replica = engines[outcome.spec.engine].replicas[outcome.replica]
                 outcome.text = await decode(replica, outcome.result.token_ids)
+                if outcome.result.alternatives:
+                    outcome.alternative_texts = [
+                        await decode(replica, ids) for ids in outcome.result.alternatives
+                    ]
 
         pools = {
             n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets) for n, h in engines.items()

@@ -282,6 +282,8 @@ class ChainOutcome:
     queue_s: float = 0.0
     text: str | None = None
     """The response as text, when a ``finish`` hook could detokenize it."""
+    alternative_texts: list[str | None] | None = None
+    """The result's alternatives as text (``majority_vote``), when they could be detokenized."""
 
     @property
     def ok(self) -> bool:

@@ -30,15 +30,47 @@ class ChainGrader:
         self.answers = dict(answers)
 
     def grade(
-        self, prompt_index: int, text: str | None, token_ids: Sequence[int]
+        self,
+        prompt_index: int,
+        text: str | None,
+        token_ids: Sequence[int],
+        alternatives: Sequence[tuple[str | None, Sequence[int]]] = (),
     ) -> dict[str, Any] | None:
         """The grade of one finished chain (None when its prompt has no reference answer).
 
         Engines that serve token ids only (the reference engine) have no text: the grader then
-        sees the token ids joined by spaces."""
+        sees the token ids joined by spaces. With ``alternatives`` (a ``majority_vote`` chain's
+        other samples) every answer is graded and the chain is scored by the majority of the
+        extracted answers (maj@N; a tie goes to the answer seen first, an answer that extracts
+        nothing does not vote); ``votes`` and ``n`` say how it went."""
         reference = self.answers.get(prompt_index)
         if reference is None:
             return None
+        first = self._grade_one(prompt_index, text, token_ids, reference)
+        if not alternatives:
+            return first
+        grades = [first] + [
+            self._grade_one(prompt_index, t, ids, reference) for t, ids in alternatives
+        ]
+        votes: dict[str, list[dict[str, Any]]] = {}
+        for g in grades:
+            extracted = g.get("extracted")
+            if extracted is not None:
+                votes.setdefault(str(extracted), []).append(g)
+        if not votes:
+            return {**first, "votes": 0, "n": len(grades)}
+        winner = max(votes.values(), key=len)  # max keeps the first of equals
+        return {
+            "correct": bool(winner[0].get("correct")),
+            "extracted": winner[0].get("extracted"),
+            "votes": len(winner),
+            "n": len(grades),
+            "any_correct": any(bool(g.get("correct")) for g in grades),
+        }
+
+    def _grade_one(
+        self, prompt_index: int, text: str | None, token_ids: Sequence[int], reference: str
+    ) -> dict[str, Any]:
         answer_text = text if text is not None else " ".join(str(t) for t in token_ids)
         try:
             return self.fn(answer_text, reference).as_dict()
@@ -97,15 +129,40 @@ def quality_summary(
                 base_correct = [bool(base[k]["grade"].get("correct")) for k in keys]
                 test = mcnemar([correct[k] for k in keys], base_correct)
                 versus = {"baseline": base_arm, **test.as_dict()}
+        n_correct = sum(correct.values())
         out[arm] = {
             **acc.as_dict(),
             "prompts": len(per_prompt),
             "pass_at_k": pass_at,
+            "maj_at_k": _majority_over_chains(by_key) if max_n > 1 else None,
             "tokens_per_answer": sum(tokens) / len(tokens),
             "model_call_time_per_answer_s": sum(times) / len(times),
+            "tokens_per_correct": sum(tokens) / n_correct if n_correct else None,
+            "model_call_time_per_correct_s": sum(times) / n_correct if n_correct else None,
             "mcnemar": versus,
         }
     return out
+
+
+def _majority_over_chains(by_key: Mapping[tuple[int, int], Mapping[str, Any]]) -> dict[str, Any]:
+    """maj@k over the chains of each prompt: the share of prompts whose most frequent extracted
+    answer among their chains is correct (a tie goes to the answer of the lowest chain index;
+    chains that extract nothing do not vote; a prompt where none extracts counts as wrong)."""
+    prompts: dict[int, list[tuple[int, Mapping[str, Any]]]] = {}
+    for (p, c), r in by_key.items():
+        prompts.setdefault(p, []).append((c, r["grade"]))
+    right = 0
+    k = 0
+    for chains in prompts.values():
+        chains.sort(key=lambda item: item[0])
+        k = max(k, len(chains))
+        votes: dict[str, list[Mapping[str, Any]]] = {}
+        for _, grade in chains:
+            if grade.get("extracted") is not None:
+                votes.setdefault(str(grade["extracted"]), []).append(grade)
+        if votes:
+            right += bool(max(votes.values(), key=len)[0].get("correct"))
+    return {"k": k, "accuracy": right / len(prompts) if prompts else None}
 
 
 def make_chain_grader(

@@ -1,0 +1,119 @@
+"""The compute-matched baselines: best-of-N, majority vote and Power-SMC.
+
+Power-SMC is approximate: its answers follow ``π_α`` only as the particles grow. That is tested
+against the enumerated target on the tiny reference model (the total variation falls with the
+particles, and a version without the weights stays far), as are the picks of best-of-N and the
+samples a majority vote keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
+from presto_client.core.runners import run_chain
+from presto_client.core.sample_baselines import PowerSMCRunner
+from presto_client.core.sampler_config import SamplerConfig
+from tests.support import exact_law as exact
+
+PROMPT = (0,)
+
+
+async def test_best_of_n_keeps_its_most_likely_sample() -> None:
+    model = ReferenceModel(6, seed=3)
+    config = SamplerConfig(block_size=4, num_blocks=2)
+    better = 0
+    for seed in range(8):
+        one = await run_chain(
+            ReferenceEngine(model), PROMPT, config, traversal="best_of_n", n_pf=1, seed=seed
+        )
+        many = await run_chain(
+            ReferenceEngine(model), PROMPT, config, traversal="best_of_n", n_pf=8, seed=seed
+        )
+        # Sample 0 is among the eight (draws are keyed by sample and block), so the best of
+        # eight is at least as likely, per token, as sample 0 alone.
+        assert many.stats.final_mean_logp0 >= one.stats.final_mean_logp0 - 1e-12
+        better += many.stats.final_mean_logp0 > one.stats.final_mean_logp0
+        assert many.stats.requests_issued == 16 and many.stats.rounds == 2
+        assert many.stats.tokens_generated == 8 * 8
+    assert better > 0
+
+
+async def test_majority_vote_keeps_every_sample_and_stops_each_at_its_eos() -> None:
+    model = ReferenceModel(6, seed=3)
+    config = SamplerConfig(block_size=4, num_blocks=4, eos_token_id=5)
+    result = await run_chain(
+        ReferenceEngine(model), PROMPT, config, traversal="majority_vote", n_pf=6, seed=2
+    )
+    answers = [result.token_ids, *result.alternatives]
+    assert len(answers) == 6
+    for answer in answers:
+        assert 5 not in answer[:-1]  # truncated after its first EOS
+        assert len(answer) <= 16
+    # Samples that ended stopped generating: fewer tokens than six full budgets.
+    ended = sum(1 for a in answers if a and a[-1] == 5)
+    assert ended > 0
+    assert result.stats.tokens_generated < 6 * 16 or ended == 0
+
+
+async def _answer_counts(
+    model: ReferenceModel, config: SamplerConfig, particles: int, chains: int, runner: type
+) -> np.ndarray:
+    counts = np.zeros(model.vocab_size**config.response_length)
+    engine = ReferenceEngine(model)
+    for seed in range(chains):
+        result = await runner(engine, config, seed, None, samples=particles).run(PROMPT)
+        counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
+    return counts
+
+
+class _Unweighted(PowerSMCRunner):
+    """A wrong Power-SMC: no importance weights (particles from ``q_τ``, picked uniformly)."""
+
+    def _log_increment(self, extension):  # type: ignore[no-untyped-def]
+        return 0.0
+
+
+SMC_MODEL = ReferenceModel(3, seed=1)
+SMC_CONFIG = SamplerConfig(block_size=2, num_blocks=2, tau=1.0, alpha=3.0)
+
+
+def _tv(counts: np.ndarray, target: np.ndarray) -> float:
+    return 0.5 * float(np.abs(counts / counts.sum() - target).sum())
+
+
+@pytest.mark.slow
+async def test_power_smc_approaches_the_power_target_as_the_particles_grow() -> None:
+    target = exact.target(SMC_MODEL, PROMPT, SMC_CONFIG.response_length, SMC_CONFIG.alpha)
+    tv = {}
+    for n in (1, 4, 32):
+        counts = await _answer_counts(SMC_MODEL, SMC_CONFIG, n, 800, PowerSMCRunner)
+        tv[n] = _tv(counts, target)
+    wrong = _tv(await _answer_counts(SMC_MODEL, SMC_CONFIG, 32, 800, _Unweighted), target)
+    assert tv[1] > tv[4] > tv[32], tv
+    assert tv[32] < 0.12, tv  # the sampling noise of 800 answers over 81 states is ~0.04 here
+    assert wrong > 3 * tv[32], (wrong, tv)
+
+
+async def test_power_smc_resamples_only_below_its_threshold() -> None:
+    engine = ReferenceEngine(SMC_MODEL)
+    seen = {}
+    for threshold in (1e-9, 1.0):
+        config = replace(SMC_CONFIG, smc_ess_threshold=threshold, num_blocks=3)
+        runner = PowerSMCRunner(engine, config, 4, None, samples=16)
+        resampled = []
+        original = runner._after_block
+
+        def spy(particles, block, original=original, resampled=resampled):  # type: ignore[no-untyped-def]
+            after = original(particles, block)
+            resampled.append(after is not particles)
+            return after
+
+        runner._after_block = spy  # type: ignore[method-assign]
+        await runner.run(PROMPT)
+        seen[threshold] = resampled
+    assert not any(seen[1e-9])  # the ESS never falls below ~0
+    assert any(seen[1.0])  # unequal weights always fall below N
