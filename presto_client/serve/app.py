@@ -30,7 +30,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -42,7 +42,7 @@ from presto_client.orchestration.config import JobConfig
 from presto_client.serve.admission import Admission
 from presto_client.serve.chains import ChainBatch, ServedEngine
 from presto_client.serve.errors import ApiError, invalid
-from presto_client.serve.mapping import Limits, batch_for
+from presto_client.serve.mapping import Limits, batch_for, check_config_within
 from presto_client.serve.metrics import Metrics
 from presto_client.serve.wire import (
     CHAT_FIELDS,
@@ -72,7 +72,8 @@ class ServeOptions:
     max_queue: int = 256
     request_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits | None = None
+    """What one request may ask for; ``None``: the config's ``serve.limits``."""
     probe: bool = True
 
 
@@ -111,6 +112,8 @@ class Service:
     def __init__(self, engine: ServedEngine, options: ServeOptions) -> None:
         self.engine = engine
         self.options = options
+        self.limits: Limits = options.limits or engine.config.serve.limits
+        check_config_within(engine.config, self.limits)
         self.admission = Admission(options.max_active, options.max_queue)
         self.metrics = Metrics()
         self.model_id = options.model_name or engine.name
@@ -242,7 +245,7 @@ class Service:
         if body.stream:
             return await self._stream(request, body, ignored, chat=chat)
         async with asyncio.timeout(deadline):
-            batch = await batch_for(self.engine, body, self.options.traversal, self.options.limits)
+            batch = await batch_for(self.engine, body, self.options.traversal, self.limits)
             async with self.admission.slot():
                 start = time.perf_counter()
                 results = await self.engine.run(batch)
@@ -343,9 +346,7 @@ class Service:
         ends = time.monotonic() + self.options.request_timeout_s
         async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(self.options.request_timeout_s):  # (before the headers)
-                batch = await batch_for(
-                    self.engine, body, self.options.traversal, self.options.limits
-                )
+                batch = await batch_for(self.engine, body, self.options.traversal, self.limits)
                 await stack.enter_async_context(self.admission.slot())  # a 429: no headers yet
             response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -42,18 +42,27 @@ def add_serve_parser(
     serve.add_argument(
         "--max-body-bytes", type=int, default=1 << 20, help="largest request body (1 MiB)"
     )
-    serve.add_argument("--max-n", type=int, default=16, help="largest n per request (16)")
     serve.add_argument(
-        "--max-tokens", type=int, default=4096, help="largest max_tokens per request (4096)"
+        "--max-n",
+        type=int,
+        help="largest n per request (default: serve.limits.max_n of the config, 16)",
+    )
+    serve.add_argument(
+        "--max-tokens",
+        type=int,
+        help="largest max_tokens per request (default: serve.limits.max_tokens, 4096); "
+        "every other bound: --set serve.limits.NAME=VALUE (docs/serve.md)",
     )
     serve.add_argument("--no-probe", action="store_true", help="skip the engine's start-up probe")
     common(serve)
     return serve
 
 
-def options_from(args: argparse.Namespace) -> Any:
+def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
+    """The service's options: the command line's, its limits those of the config's
+    ``serve.limits`` with ``--max-n`` / ``--max-tokens`` over them."""
+    from presto_client.orchestration.serve_config import ServeLimits
     from presto_client.serve.app import ServeOptions
-    from presto_client.serve.mapping import Limits
 
     key = None
     if args.api_key_env:
@@ -63,6 +72,14 @@ def options_from(args: argparse.Namespace) -> Any:
                 f"--api-key-env {args.api_key_env}: the variable is not set; export "
                 f"{args.api_key_env}=... before serving"
             )
+    base = cfg.serve.limits if cfg is not None else ServeLimits()
+    given = {
+        k: v for k, v in (("max_n", args.max_n), ("max_tokens", args.max_tokens)) if v is not None
+    }
+    try:
+        limits = ServeLimits.model_validate({**base.model_dump(), **given})
+    except ValueError as exc:
+        raise ConfigError(f"--max-n / --max-tokens: {exc}") from None
     return ServeOptions(
         host=args.host,
         port=args.port,
@@ -73,7 +90,7 @@ def options_from(args: argparse.Namespace) -> Any:
         max_queue=args.max_queue,
         request_timeout_s=args.request_timeout,
         max_body_bytes=args.max_body_bytes,
-        limits=Limits(max_n=args.max_n, max_tokens=args.max_tokens),
+        limits=limits,
         probe=not args.no_probe,
     )
 
@@ -96,7 +113,7 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
         raise ConfigError(
             f"--traversal {args.traversal}: valid traversals are {', '.join(arm_traversal_names())}"
         )
-    options = options_from(args)
+    options = options_from(args, cfg)
     with contextlib.ExitStack() as stack:
         urls = start_embedded_servers(make_plan(cfg, ()), stack, only=[str(cfg.engines[0].name)])
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:

@@ -17,41 +17,134 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from presto_client.core.sampler_config import arm_traversal_names
-from presto_client.orchestration.config import SamplerSettings
+from presto_client.errors import ConfigError
+from presto_client.orchestration.config import JobConfig, SamplerSettings
+from presto_client.orchestration.serve_config import ServeLimits
 from presto_client.serve.chains import ChainBatch, ServedEngine, chain_window, sampler_for
-from presto_client.serve.errors import invalid
+from presto_client.serve.errors import ApiError, invalid
 from presto_client.serve.wire import ChatBody, CompletionBody
 
-MAX_PROMPTS = 64
+Limits = ServeLimits
+"""What one request may ask for: the config's ``serve.limits`` (or the service's options)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What one request may ask for."""
-
-    max_n: int = 16
-    max_tokens: int = 4096
-    max_chains: int = 64
+def above_limit(what: str, value: int, limit: int, name: str, param: str) -> ApiError:
+    """A 400 naming the server's bound (and where an operator raises it)."""
+    return invalid(
+        f"{what} {value} is above this server's limit {limit} (serve.limits.{name})",
+        param=param,
+        code="limit_exceeded",
+    )
 
 
 def blocks_for(max_tokens: int, num_blocks: int) -> tuple[int, int]:
     """``(block_size, num_blocks)`` with ``block_size × num_blocks == max_tokens``: the largest
-    number of blocks that divides ``max_tokens`` and is at most ``num_blocks``."""
-    for blocks in range(min(num_blocks, max_tokens), 0, -1):
-        if max_tokens % blocks == 0:
-            return max_tokens // blocks, blocks
-    raise AssertionError("1 divides every length")
+    number of blocks that divides ``max_tokens`` and is at most ``num_blocks``.
+
+    O(sqrt(max_tokens)): divisors come in pairs ``(d, max_tokens // d)`` with ``d <= sqrt``."""
+    if max_tokens < 1 or num_blocks < 1:
+        raise ValueError("max_tokens and num_blocks must be >= 1")
+    best = 1
+    d = 1
+    while d * d <= max_tokens:
+        if max_tokens % d == 0:
+            for blocks in (d, max_tokens // d):
+                if best < blocks <= num_blocks:
+                    best = blocks
+        d += 1
+    return max_tokens // best, best
 
 
-def settings_for(base: SamplerSettings, body: CompletionBody | ChatBody) -> SamplerSettings:
+def _check_overrides(changes: dict[str, Any], max_tokens: int | None, limits: Limits) -> None:
+    """The request's own numbers against the server's bounds, before any work that grows with
+    them (a divisor scan, a sampler's validation, a chain)."""
+    if max_tokens is not None and max_tokens > limits.max_tokens:
+        raise above_limit("max_tokens", max_tokens, limits.max_tokens, "max_tokens", "max_tokens")
+    block = changes.get("sampler")
+    nested = block if isinstance(block, dict) else {}
+    bounds = (
+        ("steps_per_block", limits.max_steps_per_block, "max_steps_per_block"),
+        ("num_blocks", limits.max_num_blocks, "max_num_blocks"),
+        ("block_size", limits.max_tokens, "max_tokens"),
+        ("n_pf", limits.max_n_pf, "max_n_pf"),
+        ("window", limits.max_window, "max_window"),
+        ("k_try", limits.max_k_try, "max_k_try"),
+    )
+    for key, limit, name in bounds:
+        for value in (changes.get(key), nested.get(key)):
+            if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+                raise above_limit(key, value, limit, name, key)
+    for temps in (changes.get("temperatures"), nested.get("temperatures")):
+        if isinstance(temps, list) and len(temps) > limits.max_temperatures:
+            raise above_limit(
+                "temperatures: a list of",
+                len(temps),
+                limits.max_temperatures,
+                "max_temperatures",
+                "temperatures",
+            )
+
+
+def check_settings(settings: SamplerSettings, chains: int, limits: Limits) -> None:
+    """The settings a request runs with (its own and the config's) against the bounds."""
+    bounds = (
+        (
+            "steps_per_block",
+            settings.steps_per_block,
+            limits.max_steps_per_block,
+            "max_steps_per_block",
+        ),
+        ("num_blocks", settings.num_blocks, limits.max_num_blocks, "max_num_blocks"),
+        ("max_tokens", settings.block_size * settings.num_blocks, limits.max_tokens, "max_tokens"),
+        ("n_pf", settings.n_pf, limits.max_n_pf, "max_n_pf"),
+        ("window", settings.window or 0, limits.max_window, "max_window"),
+        ("k_try", settings.k_try, limits.max_k_try, "max_k_try"),
+        (
+            "temperatures: a list of",
+            len(settings.temperatures),
+            limits.max_temperatures,
+            "max_temperatures",
+        ),
+    )
+    for what, value, limit, name in bounds:
+        if value > limit:
+            param = what.partition(":")[0]
+            raise above_limit(what, value, limit, name, param)
+    work = chains * settings.num_blocks * settings.steps_per_block
+    if work > limits.max_transitions:
+        raise invalid(
+            f"{chains} chain(s) x num_blocks {settings.num_blocks} x steps_per_block "
+            f"{settings.steps_per_block} = {work} transitions is above this server's limit "
+            f"{limits.max_transitions} (serve.limits.max_transitions)",
+            param="steps_per_block",
+            code="limit_exceeded",
+        )
+
+
+def check_config_within(cfg: JobConfig, limits: Limits) -> None:
+    """The config's own sampler must fit the bounds, or every request would be refused."""
+    settings = cfg.sampler
+    try:
+        check_settings(settings, 1, limits)
+    except ApiError as exc:
+        raise ConfigError(
+            f"sampler: {exc.message}; raise the limit in the config's serve.limits (or with "
+            "--set serve.limits.NAME=VALUE) or lower the sampler's setting"
+        ) from None
+
+
+def settings_for(
+    base: SamplerSettings, body: CompletionBody | ChatBody, limits: Limits | None = None
+) -> SamplerSettings:
     """The config's sampler settings with the request's overrides and ``max_tokens``."""
+    limits = limits or Limits()
     changes = body.sampler_overrides()
+    _check_overrides(changes, body.max_tokens, limits)
     data = base.model_dump(mode="json")
     data.pop("traversals")
     if isinstance(changes.get("sampler"), dict):  # {kind: ..., own settings}: the block form
@@ -100,7 +193,7 @@ def traversal_for(body: CompletionBody | ChatBody, default: str) -> str:
 
 
 async def prompt_ids(
-    engine: ServedEngine, body: CompletionBody | ChatBody
+    engine: ServedEngine, body: CompletionBody | ChatBody, limits: Limits | None = None
 ) -> list[tuple[int, ...]]:
     """The request's prompts as token ids under the engine's tokenizer."""
     if isinstance(body, ChatBody):
@@ -110,8 +203,9 @@ async def prompt_ids(
         prompt = [prompt]
     if not prompt:
         raise invalid("prompt is empty", param="prompt")
-    if len(prompt) > MAX_PROMPTS:
-        raise invalid(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    limits = limits or Limits()
+    if len(prompt) > limits.max_prompts:
+        raise above_limit("prompts:", len(prompt), limits.max_prompts, "max_prompts", "prompt")
     out: list[tuple[int, ...]] = []
     for p in prompt:
         if isinstance(p, str):
@@ -180,20 +274,16 @@ def check_request(
     limits: Limits,
 ) -> None:
     """Sizes the service allows and the engine's context can hold."""
-    if body.n > limits.max_n:
-        raise invalid(f"n = {body.n} is above this server's limit of {limits.max_n}", param="n")
-    if body.n * len(prompts) > limits.max_chains:
+    chains = body.n * len(prompts)
+    if chains > limits.max_chains:
         raise invalid(
-            f"{len(prompts)} prompt(s) x n = {body.n} chains is above this server's limit of "
-            f"{limits.max_chains} per request",
+            f"{len(prompts)} prompt(s) x n {body.n} = {chains} chains is above this server's "
+            f"limit {limits.max_chains} (serve.limits.max_chains)",
             param="n",
+            code="limit_exceeded",
         )
+    check_settings(settings, chains, limits)
     length = settings.block_size * settings.num_blocks
-    if length > limits.max_tokens:
-        raise invalid(
-            f"max_tokens = {length} is above this server's limit of {limits.max_tokens}",
-            param="max_tokens",
-        )
     vocab = getattr(engine.config.engines[0], "vocab_size", None)
     for p in prompts:
         if vocab is not None and any(t < 0 or t >= vocab for t in p):
@@ -217,10 +307,17 @@ def check_request(
 async def batch_for(
     engine: ServedEngine, body: CompletionBody | ChatBody, default_traversal: str, limits: Limits
 ) -> ChainBatch:
-    """The request's chains (prompts tokenized, settings validated, sizes checked)."""
-    settings = settings_for(engine.config.sampler, body)
+    """The request's chains (prompts tokenized, settings validated, sizes checked): every
+    bound is checked before the work that grows with it."""
+    if body.n > limits.max_n:
+        raise above_limit("n", body.n, limits.max_n, "max_n", "n")
+    if len(body.stops()) > limits.max_stops:
+        raise above_limit(
+            "stop: a list of", len(body.stops()), limits.max_stops, "max_stops", "stop"
+        )
+    settings = settings_for(engine.config.sampler, body, limits)
     traversal = traversal_for(body, default_traversal)
-    prompts = await prompt_ids(engine, body)
+    prompts = await prompt_ids(engine, body, limits)
     check_request(engine, body, prompts, settings, limits)
     try:
         sampler = sampler_for(settings, engine.eos_token_id)

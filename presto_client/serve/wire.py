@@ -76,7 +76,9 @@ CHAT_FIELDS = ("messages", *_COMMON)
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
+    # Strict: a boolean is no number and a string no integer (``n: true``, ``n: "2"`` and
+    # ``alpha: true`` are refused, as the config file refuses them); an integer is a float.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -90,14 +92,14 @@ class _Body(BaseModel):
     sampler: str | dict[str, Any] | None = None
     alpha: float | None = None
     tau: float | None = None
-    block_size: int | None = None
-    num_blocks: int | None = None
+    block_size: int | None = Field(None, ge=1)
+    num_blocks: int | None = Field(None, ge=1)
     steps_per_block: int | None = None
-    window: int | None = None
-    n_pf: int | None = None
+    window: int | None = Field(None, ge=1)
+    n_pf: int | None = Field(None, ge=1)
     epsilon: float | None = None
     beta: float | None = None
-    k_try: int | None = None
+    k_try: int | None = Field(None, ge=1)
     temperatures: list[float] | None = None
 
     def sampler_overrides(self) -> dict[str, Any]:
@@ -118,7 +120,7 @@ class CompletionBody(_Body):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str

@@ -109,9 +109,10 @@ def test_unknown_model_is_a_404(service: ServiceThread) -> None:
 def test_sizes_are_bounded(service: ServiceThread) -> None:
     r = _post(service, {"model": "ref", "prompt": [1] * 3000})
     assert "larger than" in _error(r, 413, None)
-    assert "limit of 4" in _error(_post(service, {"model": "ref", "prompt": [1], "n": 5}), 400, "n")
+    r = _post(service, {"model": "ref", "prompt": [1], "n": 5})
+    assert "limit 4 (serve.limits.max_n)" in _error(r, 400, "n")
     r = _post(service, {"model": "ref", "prompt": [1], "max_tokens": 65})
-    assert "limit of 64" in _error(r, 400, "max_tokens")
+    assert "limit 64 (serve.limits.max_tokens)" in _error(r, 400, "max_tokens")
     r = _post(service, {"model": "ref", "prompt": [99]})
     assert "vocabulary" in _error(r, 400, "prompt")
 
