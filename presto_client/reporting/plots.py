@@ -193,31 +193,33 @@ def plot_accuracy_vs_cost(
     path: Any,
 ) -> Any:
     """``accuracy_vs_cost.png``: one point per graded arm, accuracy (95 % Wilson interval as the
-    error bar) against model-call time per answer; each point labelled with its tokens/answer."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    error bar) against compute: tokens generated per answer (left) and model-call time per
+    answer (right), the picture of "better than what, at what cost"."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     order = [a for a in arms if a in quality] + [a for a in quality if a not in arms]
-    for arm in order:
-        q = quality[arm]
-        acc = q.get("accuracy")
-        if acc is None:
-            continue
-        x = float(q["model_call_time_per_answer_s"])
-        err = [[acc - q["ci95_low"]], [q["ci95_high"] - acc]]
-        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4, label=arm, color=color.get(arm, "C0"))
-        ax.annotate(
-            f"{q['tokens_per_answer']:.0f} tok",
-            (x, acc),
-            textcoords="offset points",
-            xytext=(6, 4),
-            fontsize="small",
-        )
-    ax.set_xlabel("model-call time per answer, s")
-    ax.set_ylabel("accuracy (95% Wilson interval)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Accuracy against cost")
-    ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
+    panels = (
+        ("tokens_per_answer", "tokens generated per answer"),
+        ("model_call_time_per_answer_s", "model-call time per answer, s"),
+    )
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for arm in order:
+            q = quality[arm]
+            acc = q.get("accuracy")
+            if acc is None or q.get(key) is None:
+                continue
+            x = float(q[key])
+            err = [[acc - q["ci95_low"]], [q["ci95_high"] - acc]]
+            name = f"{arm} (approximate)" if arm.endswith("/power_smc") else arm
+            ax.errorbar(
+                [x], [acc], yerr=err, fmt="o", capsize=4, label=name, color=color.get(arm, "C0")
+            )
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (95% Wilson interval)")
+    axes[0].set_ylim(-0.02, 1.02)
+    fig.suptitle("Accuracy against compute, one point per arm")
+    axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arm")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
