@@ -11,7 +11,14 @@ A grader is a pure function ``(completion text, reference answer) -> Grade``. Th
   inner whitespace runs), equals the normalised reference.
 - ``regex``: the first group of the last match of ``pattern`` is the answer, compared as ``exact``.
 - ``choice``: a multiple-choice letter A-D (GPQA style): the last "answer is (X)" / "Answer: X"
-  / ``\\boxed{X}`` / lone letter; compared with the reference letter.
+  / ``\\boxed{X}`` (also ``\\boxed{\\text{X}}``) / lone letter; compared with the reference
+  letter.
+- ``gsm8k``: GSM8K's answers: the reference is the number after its ``#### `` line (the whole
+  worked solution may be given); the completion's answer is its last ``\\boxed{...}``, else its
+  last ``#### N``, else its last number; compared as numbers (``1,000`` equals ``1000.00``).
+- ``integer``: an integer answer (AIME: 0-999): the last ``\\boxed{...}``, else the last
+  number, read as an integer (``033``, ``33.0``, ``$33$`` and ``\\boxed{033}`` are 33; a number
+  that is no integer is wrong); compared with the reference as an integer.
 - ``python``: ``module:function``, the user's own; it gets ``(text, reference)`` and returns a
   :class:`Grade`, a bool, or a ``(correct, extracted)`` pair.
 
@@ -37,7 +44,7 @@ from presto_client.orchestration.planned import GraderSpec
 
 log = logging.getLogger(__name__)
 
-GraderKind = Literal["math", "exact", "regex", "choice", "python"]
+GraderKind = Literal["math", "exact", "regex", "choice", "gsm8k", "integer", "python"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +186,7 @@ def math_equal(pred: str, ref: str) -> bool:
 
 
 _CHOICE_PATTERNS = (
-    re.compile(r"\\boxed\{\s*\(?([A-Da-d])\)?\s*\}"),
+    re.compile(r"\\boxed\{\s*(?:\\text(?:bf)?\{\s*)?\(?([A-Da-d])\)?\s*\}?\s*\}"),
     re.compile(r"answer\s*(?:is|:)?\s*:?\s*\(?\*{0,2}([A-Da-d])\b\)?", re.IGNORECASE),
     re.compile(r"\(([A-D])\)"),
     re.compile(r"(?:^|\s)([A-D])(?:[.):]|\s*$)", re.MULTILINE),
@@ -217,6 +224,75 @@ def grade_choice(text: str, reference: str) -> Grade:
     extracted = extract_choice(text)
     ref = extract_choice(reference) or reference.strip().upper()
     return Grade(extracted is not None and extracted == ref, extracted)
+
+
+_GSM8K_RE = re.compile(r"####\s*([^\n]*)")
+
+
+def gsm8k_reference(reference: str) -> str:
+    """The answer of a GSM8K reference: what follows its last ``####`` (the whole solution may
+    be given), without thousands separators or a dollar sign; the text itself otherwise."""
+    found = _GSM8K_RE.findall(reference)
+    answer = found[-1] if found else reference
+    return answer.strip().replace(",", "").replace("$", "").strip()
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """A GSM8K completion's answer: its last ``\\boxed{...}``, else its last ``#### N``, else its
+    last number."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    found = _GSM8K_RE.findall(text)
+    if found and last_number(found[-1]) is not None:
+        return last_number(found[-1])
+    return last_number(text)
+
+
+def _number(text: str) -> Fraction | None:
+    """``text`` as an exact number (``$``, ``\\text{}``, units words and separators dropped:
+    ``\\$1,000.50``, ``18 dollars``, ``x = 3``), or None."""
+    t = text.strip().replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+    t = re.sub(r"\\text\{[^}]*\}", "", t)
+    t = re.sub(r"^[a-zA-Z]\s*=\s*", "", t.strip())
+    t = t.replace("\\!", "").replace("{,}", ",")
+    for pat, rep in _LATEX_STRIP:  # \frac{1}{2} -> (1)/(2)
+        t = pat.sub(rep, t)
+    num = t if _as_fraction(t) is not None else last_number(t)
+    if num is None:
+        return None
+    return _as_fraction(num)
+
+
+def grade_gsm8k(text: str, reference: str) -> Grade:
+    extracted = extract_gsm8k_answer(text)
+    if extracted is None:
+        return Grade(False, None)
+    ref = gsm8k_reference(reference)
+    a, b = _number(extracted), _number(ref)
+    if a is not None and b is not None:
+        return Grade(a == b, extracted)
+    return Grade(normalize_text(extracted) == normalize_text(ref), extracted)
+
+
+def as_integer(text: str) -> int | None:
+    """``text`` as an integer answer (``033``, ``33.0``, ``$33$``, ``\\boxed{33}``, ``1,000``), or
+    None when it is no integer."""
+    inner = last_boxed(text)
+    value = _number(inner if inner is not None else text)
+    if value is None or value.denominator != 1:
+        return None
+    return int(value)
+
+
+def grade_integer(text: str, reference: str) -> Grade:
+    extracted = extract_math_answer(text)
+    if extracted is None:
+        return Grade(False, None)
+    got, want = as_integer(extracted), as_integer(reference)
+    if got is None:
+        return Grade(False, extracted)
+    return Grade(want is not None and got == want, str(got))
 
 
 def make_regex_grader(pattern: str) -> GraderFn:
@@ -274,6 +350,8 @@ GRADERS: dict[str, GraderFn] = {
     "math": grade_math,
     "exact": grade_exact,
     "choice": grade_choice,
+    "gsm8k": grade_gsm8k,
+    "integer": grade_integer,
 }
 
 
