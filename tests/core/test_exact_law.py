@@ -5,6 +5,20 @@ transition matrix and the exact law after ``K`` transitions are all computed by 
 (:mod:`tests.support.exact_law`). Chains run with fixed seeds, so every test is deterministic;
 the significance threshold (p < 1e-4) is chosen so a wrong kernel fails (the negative controls
 below show that it does).
+
+The law of finished chains is tested two ways, sized for the slow tier's time under load:
+
+* traversals with randomness of their own (``sequential``, ``bfs``, ``predictive``, and any
+  new one): :data:`CHAINS` chains' final states against the exact law, chi-square. 1000 chains
+  is what the first negative control needs (p = 1e-7 against the threshold 1e-4; 800 chains
+  give only 1.5e-4);
+* traversals that replay the sequential chain (:data:`REPLAYING`: ``crn``, ``stream``): a
+  chain that ends where the sequential chain of the same seed ends, for every seed, has the
+  sequential chain's law, which the chi-square above tests. So each of :data:`REPLAY_CHAINS`
+  seeds is compared with the sequential chain; any change of the law changes some seeds' final
+  states, and a difference in one seed fails, where the chi-square needs the law moved far
+  enough for a thousand samples to see. The wrong kernels of the negative controls are caught
+  both ways.
 """
 
 from __future__ import annotations
@@ -23,6 +37,13 @@ from tests.support import exact_law as exact
 
 PROMPT = (0,)
 P_THRESHOLD = 1e-4
+CHAINS = 1000
+"""Chains per chi-square test of a traversal's law (see the module doc)."""
+REPLAYING = ("crn", "stream")
+"""Traversals that replay the sequential chain seed for seed (tests/core/test_replay.py,
+tests/core/test_stream.py): their law is the sequential chain's."""
+REPLAY_CHAINS = 300
+"""Seeds compared with the sequential chain per replaying traversal and case."""
 
 
 def _flow_asymmetry(model: ReferenceModel, config: SamplerConfig) -> tuple[float, float]:
@@ -92,15 +113,16 @@ def test_exact_law_converges_to_the_power_target() -> None:
     assert 0.5 * np.abs(initial - pi).sum() > 0.2  # the chain really moved the law
 
 
-async def _final_state_counts(
+async def _final_states(
     model: ReferenceModel,
     config: SamplerConfig,
     traversal: str,
     chains: int,
     runner_cls: type[PrestoRunner] | None = None,
-) -> np.ndarray:
+) -> list[tuple[int, ...]]:
+    """The final token ids of the chains of seeds ``0 .. chains-1``."""
     engine = ReferenceEngine(model)
-    counts = np.zeros(model.vocab_size**config.response_length)
+    finals = []
     for seed in range(chains):
         if runner_cls is None:
             result = await run_chain(engine, PROMPT, config, traversal=traversal, n_pf=8, seed=seed)
@@ -108,8 +130,40 @@ async def _final_state_counts(
             result = await runner_cls(engine, config, seed, None, traversal=traversal, n_pf=8).run(
                 PROMPT
             )
-        counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
+        finals.append(tuple(result.full_token_ids))
+    return finals
+
+
+def _counts(
+    model: ReferenceModel, config: SamplerConfig, finals: list[tuple[int, ...]]
+) -> np.ndarray:
+    counts = np.zeros(model.vocab_size**config.response_length)
+    for final in finals:
+        counts[exact.state_index(final, model.vocab_size)] += 1
     return counts
+
+
+async def _final_state_counts(
+    model: ReferenceModel,
+    config: SamplerConfig,
+    traversal: str,
+    chains: int,
+    runner_cls: type[PrestoRunner] | None = None,
+) -> np.ndarray:
+    return _counts(model, config, await _final_states(model, config, traversal, chains, runner_cls))
+
+
+async def _seeds_off_the_sequential_chain(
+    model: ReferenceModel,
+    config: SamplerConfig,
+    traversal: str,
+    chains: int,
+    runner_cls: type[PrestoRunner] | None = None,
+) -> list[int]:
+    """The seeds whose chain under ``traversal`` does not end where the sequential chain ends."""
+    sequential = await _final_states(model, config, "sequential", chains)
+    other = await _final_states(model, config, traversal, chains, runner_cls)
+    return [seed for seed in range(chains) if other[seed] != sequential[seed]]
 
 
 DISTRIBUTION_CASES = {
@@ -134,14 +188,27 @@ DISTRIBUTION_CASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("traversal", TRAVERSALS)
+@pytest.mark.parametrize("traversal", [t for t in TRAVERSALS if t not in REPLAYING])
 @pytest.mark.parametrize("case", sorted(DISTRIBUTION_CASES))
 async def test_final_states_follow_the_exact_law(case: str, traversal: str) -> None:
     model, config = DISTRIBUTION_CASES[case]
     law = exact.law_after(model, PROMPT, config)
-    counts = await _final_state_counts(model, config, traversal, chains=1500)
+    counts = await _final_state_counts(model, config, traversal, chains=CHAINS)
     p_value = exact.chi_square_test(counts, law)
     assert p_value > P_THRESHOLD, f"{case}/{traversal}: p = {p_value:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("traversal", REPLAYING)
+@pytest.mark.parametrize("case", sorted(DISTRIBUTION_CASES))
+async def test_replaying_traversals_end_where_the_sequential_chain_ends(
+    case: str, traversal: str
+) -> None:
+    """Seed for seed the sequential chain's final state, so the sequential chain's law (tested
+    by chi-square above)."""
+    model, config = DISTRIBUTION_CASES[case]
+    off = await _seeds_off_the_sequential_chain(model, config, traversal, REPLAY_CHAINS)
+    assert not off, f"{case}/{traversal}: seeds {off[:10]} end elsewhere"
 
 
 class _ScoresAgainstTheRoot(PrestoRunner):
@@ -163,15 +230,17 @@ class _CutsFromTheRootLaw(PrestoRunner):
         self.kernel.state_dependent_cut = False
 
 
+WRONG_KERNELS = [
+    ("power_mh_tau1", _ScoresAgainstTheRoot, CHAINS),
+    ("entropy_cut", _ScoresAgainstTheRoot, CHAINS),
+    # A bias this small needs more chains than the tests above run: p = 1.3e-7 at 4000 (5e-6
+    # at 3000, 6e-4 at 2000); the replay comparison below catches it within REPLAY_CHAINS.
+    ("entropy_cut", _CutsFromTheRootLaw, 4000),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("case", "runner_cls", "chains"),
-    [
-        ("power_mh_tau1", _ScoresAgainstTheRoot, 1500),
-        ("entropy_cut", _ScoresAgainstTheRoot, 1500),
-        ("entropy_cut", _CutsFromTheRootLaw, 6000),
-    ],
-)
+@pytest.mark.parametrize(("case", "runner_cls", "chains"), WRONG_KERNELS)
 async def test_the_distribution_test_rejects_a_wrong_kernel(
     case: str, runner_cls: type[PrestoRunner], chains: int
 ) -> None:
@@ -179,6 +248,16 @@ async def test_the_distribution_test_rejects_a_wrong_kernel(
     law = exact.law_after(model, PROMPT, config)
     counts = await _final_state_counts(model, config, "crn", chains, runner_cls)
     assert exact.chi_square_test(counts, law) < P_THRESHOLD
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "runner_cls"), [(c, r) for c, r, _ in WRONG_KERNELS])
+async def test_the_replay_comparison_rejects_a_wrong_kernel(
+    case: str, runner_cls: type[PrestoRunner]
+) -> None:
+    model, config = DISTRIBUTION_CASES[case]
+    off = await _seeds_off_the_sequential_chain(model, config, "crn", REPLAY_CHAINS, runner_cls)
+    assert off
 
 
 def test_chi_square_test_behaves() -> None:
@@ -197,16 +276,22 @@ class _StaleStreamProposals(StreamRunner):
 
 
 @pytest.mark.slow
-async def test_the_distribution_test_rejects_a_stream_that_keeps_stale_proposals() -> None:
+async def test_both_tests_reject_a_stream_that_keeps_stale_proposals() -> None:
     model, config = DISTRIBUTION_CASES["power_mh_tau1"]
     law = exact.law_after(model, PROMPT, config)
     engine = ReferenceEngine(model)
-    counts = np.zeros(model.vocab_size**config.response_length)
-    for seed in range(1500):
+    sequential = await _final_states(model, config, "sequential", REPLAY_CHAINS)
+    finals = []
+    off = 0
+    for seed in range(REPLAY_CHAINS):
         runner = _StaleStreamProposals(engine, config, seed, None, window=8)
         try:
             result = await runner.run(PROMPT)
         except ValueError:  # a stale suffix may not even fit the state it is spliced into
+            off += 1
             continue
-        counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
-    assert exact.chi_square_test(counts, law) < P_THRESHOLD
+        finals.append(tuple(result.full_token_ids))
+        off += finals[-1] != sequential[seed]
+    assert off > 0
+    # p = 2e-67 at 300 chains: the chi-square needs no more to see this one
+    assert exact.chi_square_test(_counts(model, config, finals), law) < P_THRESHOLD
