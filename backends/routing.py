@@ -41,9 +41,31 @@ RESERVED_HEADERS = frozenset(
         "trailer",
         "upgrade",
         "cookie",
+        "proxy-connection",
+        "proxy-authenticate",
+        "via",
+        "max-forwards",
+        "forwarded",
+        # the body's encoding and ranges (the request would be read differently)
+        "range",
+        "accept-encoding",
+        # credentials and what a server or a proxy trusts
+        "x-api-key",
+        "api-key",
+        "x-auth-token",
+        "set-cookie",
+        "www-authenticate",
+        "origin",
+        "x-real-ip",
+        "x-http-method-override",
+        "x-method-override",
     }
 )
 """Header names a routing key may not take: the request would change, not just be routed."""
+
+RESERVED_PREFIXES = ("content-", "proxy-", "x-forwarded-", "sec-", "if-", "access-control-")
+"""Families of headers a routing key may not take (``content-encoding``, ``content-range``,
+``proxy-*``, ``x-forwarded-for``, browsers' ``sec-*``, conditionals, CORS)."""
 
 
 def check_routing_key_header(name: str) -> str:
@@ -53,10 +75,11 @@ def check_routing_key_header(name: str) -> str:
             f"{name!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only, "
             "no spaces or colons), e.g. x-smg-routing-key for smg, x-session-id for vllm-router"
         )
-    if name.lower() in RESERVED_HEADERS:
+    if name.lower() in RESERVED_HEADERS or name.lower().startswith(RESERVED_PREFIXES):
         raise ValueError(
-            f"{name!r} is a header the request itself needs (the client sets or the HTTP "
-            "layer manages it); a routing key takes a header of its own, e.g. "
+            f"{name!r} is a header the request itself needs, a hop-by-hop or proxy header, or "
+            "one that carries credentials (the client sets it, the HTTP layer or a proxy acts "
+            "on it); a routing key takes a header of its own, e.g. "
             "x-smg-routing-key for smg, x-session-id for vllm-router"
         )
     return name

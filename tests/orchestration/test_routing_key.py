@@ -108,7 +108,23 @@ def _job(tmp_path: Path, seed: int = 7, mode: str = "raw") -> Any:
 
 
 @pytest.mark.parametrize(
-    "name", ["Content-Type", "authorization", "HOST", "Content-Length", "x key", "x:y", ""]
+    "name",
+    [
+        "Content-Type",
+        "authorization",
+        "HOST",
+        "Content-Length",
+        "x key",
+        "x:y",
+        "",
+        # hop-by-hop, body-changing and credential headers (issue 38)
+        "content-encoding",
+        "Content-Range",
+        "proxy-connection",
+        "X-Api-Key",
+        "x-forwarded-for",
+        "range",
+    ],
 )
 def test_a_header_the_request_needs_or_no_header_name_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=r"engines\[0\]\.routing_key_header: .*x-session-id"):
