@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 import signal
 import time
 import uuid
@@ -37,7 +38,13 @@ import orjson
 from aiohttp import web
 
 from presto_client.core.runners import ChainResult
-from presto_client.errors import EngineError, EngineUnavailableError, PrestoError
+from presto_client.errors import (
+    ConfigError,
+    EngineError,
+    EngineRequestError,
+    EngineUnavailableError,
+    PrestoError,
+)
 from presto_client.orchestration.config import JobConfig
 from presto_client.serve.admission import Admission
 from presto_client.serve.chains import ChainBatch, ServedEngine
@@ -52,11 +59,15 @@ from presto_client.serve.wire import (
     check_fields,
     parse,
 )
+from presto_client.terminal_text import server_text
 from presto_client.urls import redact_text
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+HEALTH_TTL_S = 1.0
+"""How long one check of the upstream's health answers ``/health``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,21 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
+_ADDRESS = re.compile(
+    r"(?:[a-z][a-z0-9+.-]*://[^\s,;()'\"]*[^\s,;()'\":.])"  # a URL
+    r"|(?:\[[0-9a-fA-F:.]+\](?::\d+)?)"  # [v6]:port
+    r"|(?:\b[A-Za-z0-9][A-Za-z0-9.-]*:\d{2,5}\b)"  # host:port
+    r"|(?:\b\d{1,3}(?:\.\d{1,3}){3}\b)",  # a bare v4 address
+    re.IGNORECASE,
+)
+
+
+def client_text(text: str) -> str:
+    """An upstream's error as an API client may read it: no upstream address (URL, host:port,
+    IP), no credentials; the server's log keeps the whole message for its operator."""
+    return _ADDRESS.sub("<upstream>", redact_text(text))
+
+
 def _error_for(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
@@ -90,14 +116,22 @@ def _error_for(exc: BaseException) -> ApiError:
         return ApiError(504, "the request ran past the server's deadline", code="timeout")
     if isinstance(exc, EngineUnavailableError):
         return ApiError(
-            503, f"the upstream engine is unavailable: {redact_text(str(exc))}", code="upstream"
+            503, f"the upstream engine is unavailable: {client_text(str(exc))}", code="upstream"
+        )
+    if isinstance(exc, EngineRequestError):
+        # The engine refused a request built from the client's input (a prompt it cannot
+        # take, a token id outside its vocabulary): the client's to fix, so a 400.
+        return ApiError(
+            400,
+            f"the engine refused the request: {client_text(exc.detail)}",
+            code="upstream_rejected",
         )
     if isinstance(exc, EngineError):
         return ApiError(
-            502, f"the upstream engine failed: {redact_text(str(exc))}", code="upstream"
+            502, f"the upstream engine failed: {client_text(str(exc))}", code="upstream"
         )
     if isinstance(exc, PrestoError):
-        return ApiError(500, redact_text(str(exc)))
+        return ApiError(500, client_text(str(exc)))
     return ApiError(500, f"internal error: {type(exc).__name__}")
 
 
@@ -116,11 +150,21 @@ class Service:
         check_config_within(engine.config, self.limits)
         self.admission = Admission(options.max_active, options.max_queue)
         self.metrics = Metrics()
+        if options.model_name is not None and (
+            not options.model_name or server_text(options.model_name) != options.model_name
+        ):
+            raise ConfigError(
+                f"--model-name {server_text(options.model_name)}: a model id is printable text "
+                "of at most 200 characters, without control characters (ESC, CR, LF, ...) or "
+                "bidirectional overrides"
+            )
         self.model_id = options.model_name or engine.name
         self.models = {self.model_id, engine.name}
         if engine.upstream_model:
             self.models.add(engine.upstream_model)
         self._key = options.api_key.encode() if options.api_key else None
+        self._health_task: asyncio.Future[str | None] | None = None
+        self._health_at = 0.0
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -149,15 +193,21 @@ class Service:
             response = _json(error.body(), exc.status)
         except Exception as exc:
             error = _error_for(exc)
-            if error.status >= 500:
-                logger.warning("%s %s: %s", request.method, request.path, error.message)
+            if error.status >= 500 or isinstance(exc, EngineError):
+                # the operator's log: the whole message (the upstream's address included)
+                logger.warning(
+                    "%s %s: %s",
+                    server_text(request.method),
+                    server_text(request.path),
+                    server_text(redact_text(str(exc)), 2000),
+                )
                 logger.debug("traceback", exc_info=True)
             response = _json(error.body(), error.status, error.headers)
         self.metrics.request(request.path, response.status)
         logger.info(
             "%s %s %d %.3fs",
-            request.method,
-            request.path,
+            server_text(request.method),
+            server_text(request.path),
             response.status,
             time.perf_counter() - start,
         )
@@ -179,7 +229,21 @@ class Service:
     # ---- small routes
 
     async def health(self, request: web.Request) -> web.Response:
-        return _json({"status": "ok", "engine": self.engine.name})
+        """200 when the upstream engine answers its own health route, 503 (with what is
+        wrong, never its address) when not. Checked at most once a second, however many
+        clients ask: /health needs no key and must not become a way to load the upstream."""
+        now = time.monotonic()
+        if self._health_task is None or (
+            self._health_task.done() and now - self._health_at >= HEALTH_TTL_S
+        ):
+            self._health_at = now
+            self._health_task = asyncio.ensure_future(self.engine.upstream_health())
+        problem = await asyncio.shield(self._health_task)
+        if problem is not None:
+            return _json(
+                {"status": "unavailable", "engine": self.engine.name, "upstream": problem}, 503
+            )
+        return _json({"status": "ok", "engine": self.engine.name, "upstream": "ok"})
 
     async def list_models(self, request: web.Request) -> web.Response:
         card = {
@@ -377,7 +441,11 @@ class Service:
                 results = run.result()
             except Exception as exc:
                 error = _error_for(exc)
-                logger.warning("stream %s: %s", request.path, error.message)
+                logger.warning(
+                    "stream %s: %s",
+                    server_text(request.path),
+                    server_text(redact_text(str(exc)), 2000),
+                )
                 with contextlib.suppress(ConnectionError):
                     await response.write(b"data: " + orjson.dumps(error.body()) + b"\n\n")
                 return response

@@ -15,6 +15,7 @@ it with root seed ``s``, so the same prompt, seed and config give the same token
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,7 @@ from presto_client.orchestration.engines import (
 from presto_client.orchestration.orchestrator import EnginePool, FifoSemaphore, LimitedEngine
 from presto_client.orchestration.plan import chain_seed, make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
+from presto_client.urls import redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +161,37 @@ class ServedEngine:
     def in_flight(self) -> int:
         """Engine requests in flight now (all chains of all requests)."""
         return self.engine_slots.in_use
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary size where the config gives it or the engine is known to have it."""
+        first = self.config.engines[0]
+        known = first.known_vocab_size()
+        if known is None:
+            given = getattr(first, "vocab_size", None)
+            known = int(given) if given is not None else None
+        return known
+
+    async def upstream_health(self, timeout_s: float = 2.0) -> str | None:
+        """``None`` when every replica's server answers its health route with 200 (or the
+        engine is in-process); otherwise what is wrong, without the server's address."""
+        for index, replica in enumerate(self.handle.replicas):
+            transport = getattr(replica, "transport", None)
+            adapter = getattr(replica, "adapter", None)
+            path = getattr(adapter, "health_path", None)
+            if transport is None or not isinstance(path, str):
+                continue
+            try:
+                async with asyncio.timeout(timeout_s):
+                    status = await transport.get_status(path)
+            except TimeoutError:
+                return f"replica {index}: no health answer within {timeout_s:g} s"
+            except Exception as exc:  # unreachable: its error names the address, not sent
+                logger.info("health of %s replica %d: %s", self.name, index, redact_text(str(exc)))
+                return f"replica {index}: unreachable"
+            if status != 200:
+                return f"replica {index}: its health route answered HTTP {status}"
+        return None
 
     async def tokenize(
         self, text: str, *, chat: bool, system_prompt: str | None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from presto_client.errors import ConfigError
+from presto_client.terminal_text import server_text
 
 
 def add_serve_parser(
@@ -72,6 +73,14 @@ def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
                 f"--api-key-env {args.api_key_env}: the variable is not set; export "
                 f"{args.api_key_env}=... before serving"
             )
+    if args.model_name is not None and (
+        not args.model_name or server_text(args.model_name) != args.model_name
+    ):
+        raise ConfigError(
+            f"--model-name {server_text(args.model_name)}: a model id is printable text of at "
+            "most 200 characters, without control characters (ESC, CR, LF, ...) or "
+            "bidirectional overrides"
+        )
     base = cfg.serve.limits if cfg is not None else ServeLimits()
     given = {
         k: v for k, v in (("max_n", args.max_n), ("max_tokens", args.max_tokens)) if v is not None

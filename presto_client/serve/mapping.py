@@ -284,10 +284,17 @@ def check_request(
         )
     check_settings(settings, chains, limits)
     length = settings.block_size * settings.num_blocks
-    vocab = getattr(engine.config.engines[0], "vocab_size", None)
+    vocab = engine.vocab_size
     for p in prompts:
-        if vocab is not None and any(t < 0 or t >= vocab for t in p):
-            raise invalid(f"a prompt token id is outside the vocabulary [0, {vocab})", "prompt")
+        if not p:
+            raise invalid("a prompt of zero tokens", param="prompt")
+        low, high = min(p), max(p)
+        if low < 0:
+            raise invalid(f"a prompt token id is negative ({low})", param="prompt")
+        if vocab is not None and high >= vocab:
+            raise invalid(
+                f"a prompt token id ({high}) is outside the vocabulary [0, {vocab})", "prompt"
+            )
     limit = engine.max_model_len
     longest = max(len(p) for p in prompts)
     if limit is not None and longest + length > limit:
