@@ -8,6 +8,7 @@ method says so (:mod:`presto_client.core.methods`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -228,9 +229,10 @@ class ChainRunner:
                 cut,
                 verdict.accepted,
                 verdict.selected,
-                verdict.log_accept,
+                math.nan if verdict.early else verdict.log_accept,
                 verdict.eps_certain,
                 tightened,
+                verdict.log_accept_hi if verdict.early else math.nan,
             )
         )
 

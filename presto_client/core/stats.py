@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -42,8 +43,18 @@ class TransitionRecord:
     accepted: bool
     selected: int
     log_accept: float
+    """``log A`` of the decision (its interval's middle); NaN for an early rejection, whose
+    ``log A`` was never computed (see :attr:`rejection_bound`)."""
     eps_certain: bool
     tightened: bool
+    rejection_bound: float = math.nan
+    """An early rejection (method §5): the upper bound on ``log A`` that proved it. It depends
+    on how much of the proposal had arrived, so it differs between runs that make the same
+    decision, and is kept apart from ``log A``."""
+
+    @property
+    def early(self) -> bool:
+        return not math.isnan(self.rejection_bound)
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.core.engine_protocol import Engine
-from presto_client.core.stats import RoundRecord
+from presto_client.core.stats import RoundRecord, TransitionRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines import (
     METRICS_TIMEOUT_S,
@@ -56,6 +56,20 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
+
+
+def transition_row(t: TransitionRecord) -> list[Any]:
+    """A transition as ``samples.jsonl`` holds it: ``[block, k, cut, accepted, log_accept,
+    rejection_bound]``; ``log_accept`` is null for an early rejection (never computed) and
+    ``rejection_bound`` (the bound that proved it) is null for every other decision."""
+    return [
+        t.block,
+        t.k,
+        t.cut,
+        int(t.accepted),
+        None if t.early else round(float(t.log_accept), 6),
+        round(float(t.rejection_bound), 6) if t.early else None,
+    ]
 
 
 def _alternatives(
@@ -139,10 +153,7 @@ class RunDirSink:
                 if grade is not None:
                     row["grade"] = grade
             row["stats"] = result.stats.as_dict()
-            row["transitions"] = [
-                [t.block, t.k, t.cut, int(t.accepted), round(float(t.log_accept), 6)]
-                for t in result.transitions
-            ]
+            row["transitions"] = [transition_row(t) for t in result.transitions]
         self.run.append_sample(row)
 
 

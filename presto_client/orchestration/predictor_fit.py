@@ -1,8 +1,10 @@
 """Refit the predictive traversal's certainty predictor from a run directory's own decisions.
 
 Each finished chain in ``samples.jsonl`` records its transitions as ``[block, k, cut, accepted,
-log_accept]``. A decision's class is read from ``log A`` and the run's ε (accept if
-``log A ≥ log(1−ε)``, reject if ``log A ≤ log ε``, else uncertain), and its feature is the one
+log_accept, rejection_bound]`` (``log_accept`` null for an early rejection; runs written before
+the bound was kept apart have five fields). A decision's class is read from ``log A`` and the
+run's ε (accept if ``log A ≥ log(1−ε)``, reject if ``log A ≤ log ε``, else uncertain), and its
+feature is the one
 the predictive walk uses: ``cut / T``, with ``T`` the response length when the decision was
 taken. Every block extends the response by exactly ``block_size`` tokens (an engine returns the
 tokens asked for; an end token is cut only from the final response), so during block ``b``
@@ -91,24 +93,38 @@ def decisions_of(
     samples: Iterable[Mapping[str, Any]], *, block_size: int, epsilon: float, sampler: str
 ) -> Decisions:
     """Every decision of the finished chains. A (prompt, chain) run by several replaying arms
-    holds the same decisions several times: each distinct transition list counts once."""
+    holds the same decisions several times (the same ``(block, k, cut, accepted)`` in order):
+    each distinct decision list counts once, with the exact ``log A`` any copy has. An early
+    rejection (``log A`` null, the bound that proved it beside it) counts as a certain
+    rejection when its bound is at most ``log ε``; otherwise, with no copy that computed its
+    ``log A``, its class is unknown and it is left out."""
     x: list[float] = []
     y: list[int] = []
     groups: list[str] = []
-    seen: dict[str, list[Any]] = {}
+    seen: dict[str, dict[tuple[tuple[int, int, int, bool], ...], list[float | None]]] = {}
     for row in finished_ok(samples).values():
         transitions = row.get("transitions") or []
         if not transitions:
             continue
         group = f"{row.get('engine')}/p{row.get('prompt_index')}/c{row.get('chain_index')}"
-        copies = seen.setdefault(group, [])
-        if transitions in copies:
-            continue
-        copies.append(transitions)
-        for block, _k, cut, _accepted, log_accept in transitions:
-            x.append(cut / ((int(block) + 1) * block_size))
-            y.append(classify(float(log_accept), epsilon))
-            groups.append(group)
+        decisions = tuple((int(t[0]), int(t[1]), int(t[2]), bool(t[3])) for t in transitions)
+        copies = seen.setdefault(group, {})
+        merged = copies.setdefault(decisions, [None] * len(decisions))
+        for i, t in enumerate(transitions):
+            log_accept = t[4]
+            bound = t[5] if len(t) > 5 else None
+            if log_accept is not None:
+                merged[i] = float(log_accept)
+            elif merged[i] is None and bound is not None and float(bound) <= math.log(epsilon):
+                merged[i] = float(bound)  # certainly rejected: its class is known
+    for group, copies in seen.items():
+        for decisions, values in copies.items():
+            for (block, _k, cut, _accepted), value in zip(decisions, values, strict=True):
+                if value is None:
+                    continue
+                x.append(cut / ((block + 1) * block_size))
+                y.append(classify(value, epsilon))
+                groups.append(group)
     return Decisions(
         np.asarray(x, dtype=np.float64),
         np.asarray(y, dtype=np.int64),

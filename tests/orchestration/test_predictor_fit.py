@@ -260,3 +260,24 @@ def test_a_missing_or_malformed_predictor_file_is_a_config_error(tmp_path: Path)
     data = _job(tmp_path, ["predictive"], predictor="bad.json")
     with pytest.raises(ConfigError, match="'intercepts' must be 3 finite numbers"):
         plan_of(load_job_config(_write(tmp_path / "b.yaml", data)))
+
+
+async def test_early_rejections_keep_log_a_and_their_bound_apart(tmp_path: Path) -> None:
+    """A stream chain rejects early from a bound that depends on timing; its records keep that
+    bound out of the ``log A`` column, so its decisions are recognised as the sequential
+    chain's copy and counted once."""
+    run_dir = await _run(tmp_path, _job(tmp_path, ["sequential", "stream"]))
+    rows = list(RunDir(run_dir).samples())
+    early = 0
+    for row in rows:
+        for t in row["transitions"]:
+            assert len(t) == 6
+            if t[4] is None:  # an early rejection: its bound, never a log A
+                early += 1
+                assert row["traversal"] == "stream" and t[3] == 0 and t[5] is not None
+            else:
+                assert t[5] is None
+    assert early > 0  # the scenario happened
+    decisions = read_decisions(RunDir(run_dir))
+    # stream replays sequential: 4 prompts x 3 chains x 16 decisions, each counted once
+    assert len(decisions) == 4 * 3 * 16
