@@ -29,6 +29,7 @@ from presto_client.core.kernels import SAMPLER_KERNELS, sampler_names, sampler_s
 from presto_client.core.methods import arm_traversal_names, get_method
 from presto_client.core.sample_baselines import DEFAULT_SAMPLES
 from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
+from presto_client.orchestration.dataset_config import ChoicesConfig, DatasetConfig
 from presto_client.orchestration.engine_config import (
     ENGINE_TAGS,
     EmbeddedEngineConfig,
@@ -78,19 +79,50 @@ __all__ = [
 
 
 class PromptsConfig(StrictModel):
-    """Where the prompts come from: exactly one of ``texts``, ``token_ids`` or ``file``."""
+    """Where the prompts come from: exactly one of ``texts``, ``token_ids``, ``file`` or
+    ``dataset``; rows of a file or dataset may go through a ``template`` (with ``choices``), be
+    shuffled (seeded) and cut to ``limit``."""
 
     texts: list[str] | None = Field(None, description="Inline prompts (text).")
     token_ids: list[list[int]] | None = Field(
         None, description="Inline prompts as token ids (the reference engine needs these)."
     )
     file: Path | None = Field(
-        None, description="A JSONL file, one prompt per line (relative to the config file)."
+        None,
+        description="A file of rows: JSONL (one object per line), JSON, parquet or CSV "
+        "(relative to the config file).",
     )
-    field: str = Field("prompt", description="The JSONL field holding the prompt text.")
+    dataset: DatasetConfig | None = Field(
+        None,
+        description="A Hugging Face dataset ({name, config, split, revision}; extra "
+        "'datasets') or a local file or saved dataset ({path, split}).",
+    )
+    field: str = Field(
+        "prompt",
+        description="The row field holding the prompt: text, token ids, or a list of chat "
+        "messages ({role, content}; with chat_template: true).",
+    )
     answer_field: str = Field(
-        "answer", description="The JSONL field holding a prompt's reference answer (graded jobs)."
+        "answer", description="The row field holding a prompt's reference answer (graded jobs)."
     )
+    template: str | None = Field(
+        None,
+        description="The prompt made from each row's fields, e.g. '{problem} Please reason step "
+        "by step, and put your final answer within \\boxed{}.' ({name}: a field; {choices}: "
+        "the lettered options; {{ and }}: literal braces; {} stays as it is); applied before "
+        "the chat template.",
+    )
+    choices: ChoicesConfig | None = Field(
+        None,
+        description="Multiple choice: the options' columns ({fields: [...], correct: 0}) or "
+        "list column ({field: NAME}), shown as lettered lines; the answer becomes a letter.",
+    )
+    shuffle: bool = Field(
+        False,
+        description="Shuffle the rows (seeded by shuffle_seed) before limit: with limit, a "
+        "seeded sample.",
+    )
+    shuffle_seed: int = Field(0, ge=0, description="The rows' shuffle seed.")
     answers: list[str | None] | None = Field(
         None, description="Reference answers of inline prompts, one per prompt (graded jobs)."
     )
@@ -116,12 +148,20 @@ class PromptsConfig(StrictModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> PromptsConfig:
-        given = [k for k in ("texts", "token_ids", "file") if getattr(self, k) is not None]
+        given = [
+            k for k in ("texts", "token_ids", "file", "dataset") if getattr(self, k) is not None
+        ]
         if len(given) != 1:
             raise ValueError(
-                "give exactly one of texts, token_ids or file "
+                "give exactly one of texts, token_ids, file or dataset "
                 f"(got {', '.join(given) if given else 'none'})"
             )
+        if self.file is None and self.dataset is None:
+            row_only = [k for k in ("template", "choices") if getattr(self, k) is not None] + (
+                ["shuffle"] if self.shuffle else []
+            )
+            if row_only:
+                raise ValueError(f"{', '.join(row_only)} apply to the rows of a file or dataset")
         if self.texts is not None and not self.texts:
             raise ValueError("texts is empty: list at least one prompt")
         if self.token_ids is not None and (

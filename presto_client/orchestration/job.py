@@ -45,7 +45,7 @@ from presto_client.orchestration.orchestrator import (
     OrchestratorResult,
 )
 from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_key
-from presto_client.orchestration.prompt_tokens import decode, encode
+from presto_client.orchestration.prompt_tokens import decode, encode, encode_messages
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import RunDir, check_output_dir
 from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
@@ -182,6 +182,8 @@ async def _tokenized_prompts(
         for p in plan.prompts:
             if p.token_ids is not None:
                 ids.append(p.token_ids)
+            elif p.messages is not None:
+                ids.append(await encode_messages(handle.replicas[0], p.messages))
             else:
                 assert p.text is not None
                 ids.append(

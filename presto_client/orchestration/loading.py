@@ -9,11 +9,11 @@ engine names the *environment variable* holding its API key (``api_key_env``), a
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import types
 import typing
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -24,13 +24,11 @@ from pydantic import (
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import ENGINE_TAGS, JobConfig, Prompt, engine_kinds
-from presto_client.orchestration.input_files import (
-    MAX_CONFIG_BYTES,
-    MAX_PROMPTS_BYTES,
-    load_yaml,
-    read_text_file,
-)
+from presto_client.orchestration.dataset_config import DatasetConfig
+from presto_client.orchestration.dataset_loader import load_rows
+from presto_client.orchestration.input_files import MAX_CONFIG_BYTES, load_yaml, read_text_file
 from presto_client.orchestration.overrides import apply_override, format_loc, parse_path
+from presto_client.orchestration.prompt_rows import rows_to_prompts
 from presto_client.urls import redact_url
 
 
@@ -197,70 +195,52 @@ def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ())
     p = Path(path)
     text = read_text_file(p, what="config file", max_bytes=MAX_CONFIG_BYTES)
     data = load_yaml(text, source=str(p))
-    if data is None:
-        data = {}
+    return load_job_data(
+        {} if data is None else data, overrides, source=str(p), base=p.parent, name=p.stem
+    )
+
+
+def load_job_data(
+    data: Any, overrides: Sequence[str] = (), *, source: str, base: Path, name: str
+) -> JobConfig:
+    """Override and validate a parsed job config (``source`` names it in errors); relative
+    paths in it are taken against ``base``, and ``name`` is the job's name if it has none."""
     overridden: dict[str, str] = {}
     if isinstance(data, dict):
         for ov in overrides:
             apply_override(data, ov)
             key = ov.partition("=")[0].strip()
             overridden[format_loc(parse_path(key))] = ov
-    cfg = validate_job_config(data, source=str(p), overridden=overridden)
+    cfg = validate_job_config(data, source=source, overridden=overridden)
     if cfg.name is None:
-        cfg.name = p.stem
+        cfg.name = name
     if cfg.prompts.file is not None and not cfg.prompts.file.is_absolute():
-        cfg.prompts.file = (p.parent / cfg.prompts.file).resolve()
+        cfg.prompts.file = (base / cfg.prompts.file).resolve()
+    ds = cfg.prompts.dataset
+    if ds is not None and ds.path is not None:
+        ds.path = ds.path.expanduser()
+        if not ds.path.is_absolute():
+            ds.path = (base / ds.path).resolve()
     if cfg.sampler.predictor is not None and not cfg.sampler.predictor.is_absolute():
-        cfg.sampler.predictor = (p.parent / cfg.sampler.predictor).resolve()
+        cfg.sampler.predictor = (base / cfg.sampler.predictor).resolve()
     if cfg.output_dir is None:
         cfg.output_dir = Path("runs") / cfg.name
     return cfg
 
 
-def load_prompts(cfg: JobConfig) -> list[Prompt]:
-    """The job's prompts, in order (a JSONL file is read here; errors name file and line)."""
+def load_prompts(cfg: JobConfig, *, network: bool = True) -> list[Prompt]:
+    """The job's prompts, in order (a file or dataset is read here; errors name the file and
+    line, or the dataset and row). ``network=False``: a Hugging Face dataset is not loaded
+    (:class:`~presto_client.orchestration.dataset_loader.DatasetNotLoaded`)."""
     pc = cfg.prompts
     prompts: list[Prompt] = []
     if pc.token_ids is not None:
         prompts = [Prompt(i, token_ids=tuple(ids)) for i, ids in enumerate(pc.token_ids)]
     elif pc.texts is not None:
         prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
-    elif pc.file is not None:
-        # JSONL is split on "\n" only: str.splitlines() also splits inside a JSON string at
-        # U+2028, U+0085 and other line breaks that JSON allows unescaped.
-        text = read_text_file(
-            pc.file,
-            what="prompts file",
-            max_bytes=MAX_PROMPTS_BYTES,
-            missing_hint="; fix prompts.file (relative paths are relative to the config file)",
-        )
-        lines = text.split("\n")
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{pc.file}:{lineno}: not valid JSON: {exc.msg}") from None
-            if not isinstance(row, dict) or pc.field not in row:
-                keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
-                raise ConfigError(
-                    f"{pc.file}:{lineno}: no field {pc.field!r} (has: {keys}); set "
-                    "prompts.field to the field holding the prompt text"
-                )
-            value = row[pc.field]
-            answer = row.get(pc.answer_field)
-            answer = None if answer is None else str(answer)
-            if isinstance(value, list) and all(isinstance(t, int) for t in value):
-                prompts.append(Prompt(len(prompts), token_ids=tuple(value), answer=answer))
-            elif isinstance(value, str):
-                prompts.append(Prompt(len(prompts), text=value, answer=answer))
-            else:
-                raise ConfigError(
-                    f"{pc.file}:{lineno}: field {pc.field!r} must be text or a list of token ids"
-                )
-        if not prompts:
-            raise ConfigError(f"{pc.file}: no prompts in the file")
+    else:
+        source = pc.dataset if pc.dataset is not None else DatasetConfig(path=pc.file)
+        prompts = rows_to_prompts(load_rows(source, network=network), pc)
     if pc.answers is not None:
         if len(pc.answers) != len(prompts):
             raise ConfigError(
@@ -268,14 +248,15 @@ def load_prompts(cfg: JobConfig) -> list[Prompt]:
                 "give one answer (or null) per prompt"
             )
         pairs = zip(prompts, pc.answers, strict=True)
-        prompts = [Prompt(p.index, p.text, p.token_ids, a) for p, a in pairs]
-    if pc.limit is not None:
-        prompts = prompts[: pc.limit]
+        prompts = [replace(p, answer=a) for p, a in pairs]
+    if pc.limit is not None and pc.file is None and pc.dataset is None:
+        prompts = prompts[: pc.limit]  # (a file's or dataset's rows are cut when selected)
     if any(p.text is not None for p in prompts):
+        where = pc.file or (pc.dataset.label() if pc.dataset else "prompts.texts")
         for i, e in enumerate(cfg.engines):
             if not e.takes_text:
                 raise ConfigError(
-                    f"engines[{i}] ({e.kind}) takes token-id prompts, but {pc.file} holds text"
+                    f"engines[{i}] ({e.kind}) takes token-id prompts, but {where} holds text"
                 )
     return prompts
 

@@ -35,6 +35,7 @@ from presto_client.orchestration.planned import (
     Prompt,
 )
 from presto_client.orchestration.predictor_file import load_predictor, predictor_fingerprint
+from presto_client.orchestration.prompt_rows import dataset_fingerprint
 
 __all__ = ["Arm", "JobPlan", "PlannedChain", "describe_plan", "make_plan"]
 
@@ -71,9 +72,13 @@ def make_arms(
 
 
 def _prompts_digest(prompts: Sequence[Prompt]) -> str:
-    payload = json.dumps(
-        [[p.text, list(p.token_ids) if p.token_ids is not None else None] for p in prompts]
-    )
+    def entry(p: Prompt) -> list[Any]:
+        out: list[Any] = [p.text, list(p.token_ids) if p.token_ids is not None else None]
+        if p.messages is not None:  # (absent otherwise: the digest of prompts as it always was)
+            out.append([list(m) for m in p.messages])
+        return out
+
+    payload = json.dumps([entry(p) for p in prompts])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -98,7 +103,7 @@ def job_fingerprint(
             "model": e.fingerprint_model(),
             "eos_token_id": e.eos_token_id,
         }
-    return {
+    fingerprint: dict[str, Any] = {
         "sampler": sampler,
         "seed": cfg.seed,
         "chains_per_prompt": cfg.chains_per_prompt,
@@ -110,6 +115,10 @@ def job_fingerprint(
         },
         "engines": engines,
     }
+    dataset = dataset_fingerprint(prompts)
+    if dataset is not None:  # (prompts of a file or dataset: which rows, from where)
+        fingerprint["dataset"] = dataset
+    return fingerprint
 
 
 def make_plan(

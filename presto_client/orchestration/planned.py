@@ -22,13 +22,42 @@ from presto_client.core.speculation import DEFAULT_TOLERANCE
 
 
 @dataclass(frozen=True, slots=True)
+class DatasetIdentity:
+    """Where a job's rows came from: a Hugging Face dataset (``name``, ``config``, ``split``,
+    ``revision`` as asked, ``commit`` as resolved) or a local file or saved dataset (``path``)."""
+
+    name: str | None = None
+    path: str | None = None
+    config: str | None = None
+    split: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+    """The revision the loader resolved (the Hub commit, as ``datasets`` reports it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptOrigin:
+    """The dataset row a prompt was made from (the fingerprint's ``dataset`` entry)."""
+
+    dataset: DatasetIdentity
+    row: int
+    """The row's index in its split or file (before any shuffle or limit)."""
+    digest: str
+    """A digest of the row's fields (every column), so a changed row is seen."""
+
+
+@dataclass(frozen=True, slots=True)
 class Prompt:
-    """One prompt: its text (to be tokenized by the engine) or its token ids."""
+    """One prompt: its text (to be tokenized by the engine), its token ids, or a conversation
+    (``messages``: (role, content) turns through the engine's chat template)."""
 
     index: int
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     answer: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    """A conversation (``text`` is then its last user turn, shown in tables)."""
+    origin: PromptOrigin | None = None
 
 
 class ReplicaOpener(Protocol):

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from presto_client.core.engine_protocol import Detokenizing, Tokenizing
+from presto_client.core.engine_protocol import ChatTokenizing, Detokenizing, Tokenizing
 from presto_client.errors import EngineError, EngineRequestError
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,24 @@ async def encode(
         )
     ids = await engine.tokenize(text, chat_template=chat_template, system_prompt=system_prompt)
     return tuple(int(t) for t in ids)
+
+
+async def encode_messages(engine: Any, messages: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+    """Token ids of a conversation (``(role, content)`` turns) through the engine's chat
+    template: every turn where the engine renders conversations; otherwise one user turn (with
+    an optional system turn before it), anything longer refused with what to do."""
+    turns = [{"role": r, "content": c} for r, c in messages]
+    if isinstance(engine, ChatTokenizing):
+        ids = await engine.tokenize_messages(turns)
+        return tuple(int(t) for t in ids)
+    system = messages[0][1] if len(messages) == 2 and messages[0][0] == "system" else None
+    if messages[-1][0] != "user" or len(messages) - (system is not None) != 1:
+        raise EngineError(
+            "engine cannot render a conversation of several turns through its chat template; "
+            "give one user message (and an optional system message) per row",
+            engine=getattr(engine, "name", ""),
+        )
+    return await encode(engine, messages[-1][1], chat_template=True, system_prompt=system)
 
 
 async def decode(engine: Any, token_ids: Sequence[int]) -> str | None:

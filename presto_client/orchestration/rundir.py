@@ -88,6 +88,18 @@ def fingerprint_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> lis
         a, b = old.get(key), new.get(key)
         if key == "engines" and isinstance(a, dict) and isinstance(b, dict):
             out.extend(f"engines.{n}" for n in sorted(set(a) & set(b)) if a[n] != b[n])
+        elif key == "dataset":
+            # Runs before datasets were recorded have none (their prompts' digest still
+            # guards them); the path and the resolved commit are recorded, not compared: the
+            # rows' digest says whether the rows are the same.
+            if a is None and key not in old:
+                continue
+            da, db = a if isinstance(a, dict) else {}, b if isinstance(b, dict) else {}
+            out.extend(
+                f"dataset.{k}"
+                for k in sorted(set(da) | set(db))
+                if k not in DATASET_RECORDED_ONLY and da.get(k) != db.get(k)
+            )
         elif key == "sampler" and isinstance(a, dict) and isinstance(b, dict):
             # Older runs recorded the stream window, which defines no work: a run made with
             # window 16 resumes without a cap (or another one).
@@ -98,6 +110,31 @@ def fingerprint_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> lis
         elif a != b:
             out.append(key)
     return out
+
+
+DATASET_RECORDED_ONLY = ("path", "commit")
+"""Fields of the fingerprint's ``dataset`` recorded in run.json but not compared on resume."""
+
+
+def dataset_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """The dataset of two fingerprints side by side, in words: what a refused resume says."""
+    a, b = old.get("dataset") or {}, new.get("dataset") or {}
+
+    def rows(d: Mapping[str, Any]) -> str:
+        where = d.get("name") or d.get("path") or "inline prompts"
+        commit = f", commit {d['commit']}" if d.get("commit") else ""
+        return f"{d.get('rows', '?')} row(s) of {where}{commit}, digest {d.get('digest')}"
+
+    parts = [
+        f"{k} {a.get(k)!r} -> {b.get(k)!r}"
+        for k in ("name", "config", "split", "revision")
+        if a.get(k) != b.get(k)
+    ]
+    if a.get("digest") != b.get("digest") or a.get("rows") != b.get("rows"):
+        parts.append(f"rows: {rows(a)} -> {rows(b)}")
+    elif a.get("answers") != b.get("answers"):
+        parts.append("the same rows, other reference answers")
+    return "; ".join(parts)
 
 
 def identity_conflicts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -243,10 +280,13 @@ class RunDir:
             if (k.partition(".")[2] in ran if k.startswith("engines.") else bool(finished))
         ]
         if keys:
+            rows = ""
+            if any(k.startswith("dataset.") for k in keys):
+                rows = f" (dataset: {dataset_differences(old, fingerprint)})"
             raise ConfigError(
-                f"{self.path} holds a run of a different job (differs in: {', '.join(keys)}) "
-                f"with {len(finished)} chain(s) finished; choose another --output, or delete "
-                "the directory to start over"
+                f"{self.path} holds a run of a different job (differs in: {', '.join(keys)})"
+                f"{rows} with {len(finished)} chain(s) finished; choose another --output, or "
+                "delete the directory to start over"
             )
         return finished
 

@@ -84,7 +84,7 @@ def prompt_labels(run: RunDir, indices: Sequence[int]) -> dict[int, str]:
     labels = {i: f"prompt {i}" for i in indices}
     try:
         cfg = JobConfig.model_validate(run.resolved_config())
-        prompts = load_prompts(cfg)
+        prompts = load_prompts(cfg, network=False)  # (a Hub dataset: no labels, no download)
     except (PrestoError, ValueError, OSError) as exc:
         log.debug("prompt labels: prompts not readable from %s (%s)", run.path, exc)
         return labels
