@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import re
 import signal
 import time
@@ -85,6 +86,8 @@ class ServeOptions:
     max_body_bytes: int = 1 << 20
     limits: Limits | None = None
     """What one request may ask for; ``None``: the config's ``serve.limits``."""
+    shutdown_grace_s: float = 20.0
+    """On SIGTERM/SIGINT: how long running requests may finish before they are cut."""
     probe: bool = True
 
 
@@ -165,11 +168,14 @@ class Service:
         self._key = options.api_key.encode() if options.api_key else None
         self._health_task: asyncio.Future[str | None] | None = None
         self._health_at = 0.0
+        self._cut = asyncio.Event()
+        self.cut_requests = 0
+        """Requests that were running when the grace period ended (answered 503)."""
 
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.options.max_body_bytes,
-            middlewares=[self._errors, self._auth],
+            middlewares=[self._errors, self._draining, self._auth],
         )
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -214,6 +220,13 @@ class Service:
         return response
 
     @web.middleware
+    async def _draining(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A stopping service answers every new request but /health and /metrics with 503."""
+        if self.admission.draining and request.path not in ("/health", "/metrics"):
+            raise self.admission.closing()
+        return await handler(request)
+
+    @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self._key is not None and request.path != "/health":
             given = request.headers.get("Authorization", "")
@@ -232,6 +245,8 @@ class Service:
         """200 when the upstream engine answers its own health route, 503 (with what is
         wrong, never its address) when not. Checked at most once a second, however many
         clients ask: /health needs no key and must not become a way to load the upstream."""
+        if self.admission.draining:
+            return _json({"status": "draining", "engine": self.engine.name}, 503)
         now = time.monotonic()
         if self._health_task is None or (
             self._health_task.done() and now - self._health_at >= HEALTH_TTL_S
@@ -312,10 +327,48 @@ class Service:
             batch = await batch_for(self.engine, body, self.options.traversal, self.limits)
             async with self.admission.slot():
                 start = time.perf_counter()
-                results = await self.engine.run(batch)
+                results = await self._run_or_cut(batch)
                 self.admission.observe(time.perf_counter() - start)
             answer = await self._answer(body, batch, results, ignored, chat=chat)
         return _json(answer)
+
+    # ---- stopping
+
+    def begin_drain(self) -> int:
+        """Stop admitting (new and queued requests: 503 with Retry-After); returns how many
+        queued requests were answered so."""
+        self.admission.drain_retry_after_s = max(1, math.ceil(self.options.shutdown_grace_s))
+        return self.admission.drain()
+
+    def cut_running(self) -> None:
+        """End every running request now: its chains are cancelled (their upstream requests
+        aborted) and it is answered 503 with Retry-After."""
+        self._cut.set()
+
+    async def _run_or_cut(
+        self, batch: ChainBatch, on_block: Callable[[int, int, int], None] | None = None
+    ) -> list[ChainResult]:
+        """``engine.run(batch)``, or a 503 when the stopping service cuts it."""
+        if self._cut.is_set():
+            raise self.admission.closing()
+        run = asyncio.ensure_future(self.engine.run(batch, on_block))
+        cut = asyncio.ensure_future(self._cut.wait())
+        try:
+            await asyncio.wait({run, cut}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+            if not run.done():
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+        if run.cancelled():
+            self.cut_requests += 1
+            error = self.admission.closing()
+            error.message = (
+                "the server is shutting down: this request was still running at the end of "
+                "its grace period and was cut; retry"
+            )
+            raise error
+        return run.result()
 
     async def _texts(
         self, body: Any, results: Sequence[ChainResult]
@@ -423,7 +476,7 @@ class Service:
                 progress.put_nowait(f": block {done}/{total} prompt {i} chain {j}\n\n")
 
             start = time.perf_counter()
-            run = asyncio.ensure_future(self.engine.run(batch, on_block))
+            run = asyncio.ensure_future(self._run_or_cut(batch, on_block))
             getter: asyncio.Future[str] | None = None
             try:
                 while not run.done():
@@ -524,6 +577,11 @@ class RunningService:
     _runner: web.AppRunner
     _stack: contextlib.AsyncExitStack
 
+    async def stop_listening(self) -> None:
+        """Close the listening sockets (connections already open are served on)."""
+        for site in list(self._runner.sites):
+            await site.stop()
+
     async def aclose(self) -> None:
         await self._runner.cleanup()
         await self._stack.aclose()
@@ -543,7 +601,9 @@ async def start_service(
             cfg, stack, embedded_urls=embedded_urls, probe=options.probe, replicas=replicas
         )
         service = Service(engine, options)
-        runner = web.AppRunner(service.app(), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(
+            service.app(), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+        )
         await runner.setup()
         site = web.TCPSite(runner, options.host, options.port)
         await site.start()
@@ -556,21 +616,75 @@ async def start_service(
 
 async def serve_until_stopped(
     cfg: JobConfig, options: ServeOptions, embedded_urls: dict[str, str] | None = None
-) -> None:
-    """Serve until SIGINT/SIGTERM."""
+) -> int:
+    """Serve until SIGINT/SIGTERM, then drain; the exit status (0: nothing was cut).
+
+    The first signal stops listening and admitting: queued and new requests are answered 503
+    with Retry-After, ``/health`` says ``draining``, and the running requests have
+    ``options.shutdown_grace_s`` to finish. Those still running then are cut (their chains
+    cancelled, their upstream requests aborted, each answered 503) and the status is 1. A
+    second signal cuts at once; a third one is the signal's default (the process ends)."""
     running = await start_service(cfg, options, embedded_urls=embedded_urls)
+    service = running.service
     stop = asyncio.Event()
+    now = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    signals = (signal.SIGINT, signal.SIGTERM)
+
+    def on_signal() -> None:
+        if not stop.is_set():
+            stop.set()
+            return
+        now.set()
+        for sig in signals:  # a third signal: the default action
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+    for sig in signals:
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     logger.warning(
-        "presto serve: %s (engine %s) on %s/v1",
-        running.service.model_id,
-        running.service.engine.name,
-        running.url,
+        "presto serve: %s (engine %s) on %s/v1", service.model_id, service.engine.name, running.url
     )
     try:
         await stop.wait()
+        return await drain(running, options.shutdown_grace_s, now)
     finally:
+        for sig in signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
         await running.aclose()
+
+
+async def drain(running: RunningService, grace_s: float, now: asyncio.Event | None = None) -> int:
+    """Stop a service gracefully (see :func:`serve_until_stopped`); 0, or 1 if work was cut."""
+    service = running.service
+    await running.stop_listening()
+    refused = service.begin_drain()
+    active = service.admission.active
+    logger.warning(
+        "presto serve: stopping; %d running request(s) have %g s to finish, %d queued "
+        "answered 503 (a second signal stops at once)",
+        active,
+        grace_s,
+        refused,
+    )
+    now = now or asyncio.Event()
+    idle = asyncio.ensure_future(service.admission.wait_idle())
+    at_once = asyncio.ensure_future(now.wait())
+    try:
+        await asyncio.wait({idle, at_once}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        if not idle.done():
+            service.cut_running()
+            with contextlib.suppress(TimeoutError):  # their 503s are written
+                await asyncio.wait_for(asyncio.shield(idle), timeout=5)
+    finally:
+        idle.cancel()
+        at_once.cancel()
+    if service.cut_requests:
+        logger.warning(
+            "presto serve: %d request(s) were cut (answered 503); exit status 1",
+            service.cut_requests,
+        )
+        return 1
+    return 0

@@ -54,6 +54,14 @@ def add_serve_parser(
         help="largest max_tokens per request (default: serve.limits.max_tokens, 4096); "
         "every other bound: --set serve.limits.NAME=VALUE (docs/serve.md)",
     )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="on SIGTERM/SIGINT, how long running requests may finish before they are cut "
+        "(20); queued ones are answered 503 at once, a second signal stops at once",
+    )
     serve.add_argument("--no-probe", action="store_true", help="skip the engine's start-up probe")
     common(serve)
     return serve
@@ -101,11 +109,12 @@ def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
         max_body_bytes=args.max_body_bytes,
         limits=limits,
         probe=not args.no_probe,
+        shutdown_grace_s=getattr(args, "shutdown_grace", 20.0),
     )
 
 
 def run_serve(args: argparse.Namespace, cfg: Any) -> int:
-    """Serve until interrupted; 0 on a clean stop."""
+    """Serve until interrupted; 0 on a clean stop, 1 when running requests were cut."""
     from presto_client.core.sampler_config import arm_traversal_names
     from presto_client.orchestration.engines import start_embedded_servers
     from presto_client.orchestration.job import event_loop_factory
@@ -126,5 +135,4 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
     with contextlib.ExitStack() as stack:
         urls = start_embedded_servers(make_plan(cfg, ()), stack, only=[str(cfg.engines[0].name)])
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(serve_until_stopped(cfg, options, urls))
-    return 0
+            return runner.run(serve_until_stopped(cfg, options, urls))
