@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from presto_client import cli_fit_predictor
+from presto_client import cli_fit_predictor, cli_quick_run
 from presto_client.errors import ConfigError, PrestoError
 from presto_client.progress_bar import ProgressBar
 from presto_client.urls import redact_text
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run directory, print the summary table. Rerunning resumes.",
     )
     _job_options(run)
+    cli_quick_run.add_options(run)  # (presto run --base-url URL --dataset NAME|FILE ...)
     _common(run)
 
     compare = subs.add_parser(
@@ -285,8 +286,6 @@ def _split_list(value: str | None) -> list[str] | None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from presto_client.orchestration.loading import load_job_config
-
     overrides = list(args.overrides)
     if getattr(args, "output", None):
         overrides.append(f"output_dir={args.output}")
@@ -294,7 +293,7 @@ def _load(args: argparse.Namespace) -> Any:
         overrides.append(f"seed={args.seed}")
     if getattr(args, "max_concurrency", None) is not None:
         overrides.append(f"max_concurrency={args.max_concurrency}")
-    return load_job_config(args.config, overrides)
+    return cli_quick_run.load(args, overrides)  # (CONFIG, a ready config's name, or flags)
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,17 +449,19 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.loading import load_prompts
     from presto_client.orchestration.plan import describe_plan, make_plan
     from presto_client.orchestration.rundir import RunDir
 
     cfg = _load(args)
-    plan = make_plan(cfg, load_prompts(cfg))
+    prompts, not_loaded = cli_quick_run.validate_prompts(cfg)  # (no network: no Hub dataset)
+    plan = make_plan(cfg, prompts)
     # the same check as `presto run` (a directory run would refuse is an error here too)
-    finished = RunDir(plan.output_dir).check_resumable(plan.fingerprint)
+    finished = {} if not_loaded else RunDir(plan.output_dir).check_resumable(plan.fingerprint)
     done = {c.chain_id for c in plan.chains} & set(finished)
     print(f"{args.config}: valid", file=out)
     print(describe_plan(cfg, plan, finished=len(done)), file=out)
+    if not_loaded:
+        print(f"  {not_loaded}", file=out)
     if args.probe:
         from presto_client.orchestration.engines import probe_job
 
