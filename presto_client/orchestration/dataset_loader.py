@@ -323,7 +323,8 @@ def load_hub(dataset: DatasetConfig) -> LoadedRows:
         builder = datasets.load_dataset_builder(
             dataset.name, dataset.config, revision=dataset.revision
         )
-        splits = list((builder.info.splits or {}).keys())
+        builder.download_and_prepare()  # (once: later runs read the cache)
+        splits = [str(k) for k in (builder.info.splits or {})]
         split = dataset.split
         if split is None:
             if len(splits) != 1:
@@ -337,7 +338,6 @@ def load_hub(dataset: DatasetConfig) -> LoadedRows:
                 f"prompts.dataset: {dataset.label()} has no split {split!r}; its splits are: "
                 f"{', '.join(splits)}"
             )
-        builder.download_and_prepare()
         ds = builder.as_dataset(split=split)
     except ConfigError:
         raise

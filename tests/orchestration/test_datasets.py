@@ -335,3 +335,23 @@ async def test_chat_message_rows_reach_the_engines_chat_template(tmp_path: Path)
     assert result.completed == 2
     system = {"role": "system", "content": "Be brief."}
     assert [system, *turns] in sent and [system, turns[0]] in sent
+
+
+def test_the_hub_path_of_the_loader_on_a_local_dataset_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load_hub`` through ``datasets``' own builder (what a Hub name goes through: download,
+    prepare, the split, the resolved hash), offline, on a folder of data files by split."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    folder = tmp_path / "hub-like"
+    folder.mkdir()
+    write_rows(folder / "test.jsonl", ROWS)
+    write_rows(folder / "train.jsonl", ROWS[:1])
+    loaded = dataset_loader.load_hub(DatasetConfig(name=str(folder), split="test"))
+    assert loaded.rows == ROWS
+    assert loaded.identity.split == "test" and loaded.identity.commit
+    with pytest.raises(ConfigError, match=r"has splits .*: choose one"):
+        dataset_loader.load_hub(DatasetConfig(name=str(folder)))
+    with pytest.raises(ConfigError, match="no split 'dev'"):
+        dataset_loader.load_hub(DatasetConfig(name=str(folder), split="dev"))
