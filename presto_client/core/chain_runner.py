@@ -25,6 +25,12 @@ from presto_client.errors import InvalidResponseError
 
 RoundCallback = Callable[[RoundRecord], None]
 
+DRIFT_LIMIT = 0.5
+"""Nats: the most the implied normaliser ``log Z_τ`` at a cut may differ between the state's
+token and a proposal's first token, both scored after the same context. Numerical noise is
+far below it (fp32 engines ~1e-5, a bf16 KV cache 0.1-0.4 at τ = 1/4); rows shifted by a
+position give 1-4 nats."""
+
 
 def first_eos(state: ChainState, eos_token_id: int | None) -> int | None:
     """The position of the state's first EOS in its response (``None``: none, or no EOS)."""
@@ -212,7 +218,16 @@ class ChainRunner:
             if not verdict.decided:
                 raise AssertionError("exact scores must decide every transition")
         for proposal in proposals:
-            self.stats.record_drift(self.kernel.normaliser_drift(state, cut, proposal))
+            drift = self.kernel.normaliser_drift(state, cut, proposal)
+            self.stats.record_drift(drift)
+            if not drift <= DRIFT_LIMIT:
+                raise InvalidResponseError(
+                    f"the normaliser at cut {cut} differs by {drift:.3g} nats between two requests "
+                    f"of the same context (limit {DRIFT_LIMIT:g}; float noise is below 1e-3): the "
+                    "engine's logprob rows do not belong to their positions (shifted by one?) or "
+                    "differ between requests; the chain is failed rather than decided on them",
+                    engine=self.engine.name,
+                )
         self._record_decision(verdict, cut, block, k, tightened)
         return verdict
 

@@ -72,6 +72,50 @@ class TokenLogprobs:
         )
 
 
+ROW_TOLERANCE = 1e-3
+"""How far the sampled token's own logprob may be from its row's entry for that token (or above
+the row's smallest entry, when it is not among them): both come from one softmax of one
+position, so only rounding separates them (fp32 ~1e-6; fp16/bf16 engines ~1e-3)."""
+
+
+def check_rows_match_tokens(raw: TokenLogprobs, *, what: str = "logprobs") -> None:
+    """Raise :class:`InvalidResponseError` unless every position's top-K row is the
+    distribution its sampled token was drawn from: the token's returned logprob equals its entry
+    in the row, or, when the token is not in the row, is no larger than the row's smallest
+    entry (else it would have been among the top K). An engine or proxy whose rows are shifted
+    by a position (each row the next position's) fails this at once, where its chains would
+    otherwise finish with other MH decisions."""
+    n = len(raw)
+    if n == 0 or raw.top_ids.shape[1] == 0:
+        return
+    in_row = raw.top_ids == raw.token_ids[:, None]
+    present = in_row.any(axis=1)
+    row_value = np.where(in_row, raw.top_logprobs, -np.inf).max(axis=1)
+    finite = np.isfinite(raw.logprobs)
+    gap = np.abs(raw.logprobs - row_value)
+    bad_present = present & finite & ~(gap <= ROW_TOLERANCE)
+    valid = raw.top_ids >= 0
+    full = valid.all(axis=1)
+    smallest = np.where(valid, raw.top_logprobs, np.inf).min(axis=1)
+    bad_absent = ~present & full & finite & (raw.logprobs > smallest + ROW_TOLERANCE)
+    bad = np.flatnonzero(bad_present | bad_absent)
+    if bad.size == 0:
+        return
+    i = int(bad[0])
+    token = int(raw.token_ids[i])
+    if present[i]:
+        detail = f"its row gives it {row_value[i]:.6g}"
+    else:
+        detail = f"it is missing from its top-{raw.top_ids.shape[1]} row, whose smallest entry is "
+        detail += f"{smallest[i]:.6g}"
+    raise InvalidResponseError(
+        f"{what}: token {token} at position {i} has logprob {raw.logprobs[i]:.6g} but {detail} "
+        f"({bad.size} of {n} positions disagree): the rows do not belong to the sampled tokens "
+        "(shifted by a position?). A broken server or proxy; the chain is failed rather than "
+        "decided on wrong numbers"
+    )
+
+
 def _derive(
     logp0: FloatArray,
     top: FloatArray,
@@ -98,6 +142,7 @@ def scored_from_raw(
     raw: TokenLogprobs, spec: ScoreSpec, vocab_size: int | None = None
 ) -> ScoredTokens:
     """Scores from raw logprobs: ``log p0`` as returned, ``log q`` as certified intervals."""
+    check_rows_match_tokens(raw)
     lo, hi, entropy = _derive(raw.logprobs, raw.top_logprobs, spec, vocab_size)
     return ScoredTokens(
         token_ids=raw.token_ids,
@@ -125,6 +170,8 @@ def scored_from_scaled(
     """
     if not np.array_equal(generated.token_ids, raw.token_ids):
         raise InvalidResponseError("the scoring call did not score the generated tokens")
+    # (The scaled generation's own rows are not checked: a dialect may return them raw.)
+    check_rows_match_tokens(raw, what="scored logprobs")
     lo, hi, entropy = _derive(raw.logprobs, raw.top_logprobs, spec, vocab_size)
     lo = lo.copy()
     hi = hi.copy()
