@@ -50,6 +50,12 @@ from presto_client.orchestration.config import JobConfig
 from presto_client.serve.admission import Admission
 from presto_client.serve.chains import ChainBatch, ServedEngine
 from presto_client.serve.errors import ApiError, invalid
+from presto_client.serve.guard import (
+    GuardedSite,
+    default_max_connections,
+    install_log_flood,
+    remove_log_flood,
+)
 from presto_client.serve.mapping import Limits, batch_for, check_config_within
 from presto_client.serve.metrics import Metrics
 from presto_client.serve.wire import (
@@ -88,6 +94,13 @@ class ServeOptions:
     """What one request may ask for; ``None``: the config's ``serve.limits``."""
     shutdown_grace_s: float = 20.0
     """On SIGTERM/SIGINT: how long running requests may finish before they are cut."""
+    idle_timeout_s: float = 15.0
+    """A connection's deadline for a request's headers, and for idling between requests."""
+    body_timeout_s: float = 30.0
+    """A request's deadline for its body (408 past it)."""
+    max_connections: int | None = None
+    """Open connections; one more is answered 503 and closed (``None``: half of the
+    process's descriptor limit, at most 1024)."""
     probe: bool = True
 
 
@@ -209,6 +222,8 @@ class Service:
                 )
                 logger.debug("traceback", exc_info=True)
             response = _json(error.body(), error.status, error.headers)
+            if error.status == 408:  # (the rest of a slow body is not waited for)
+                response.force_close()
         self.metrics.request(request.path, response.status)
         logger.info(
             "%s %s %d %.3fs",
@@ -294,7 +309,14 @@ class Service:
 
     async def _read(self, request: web.Request) -> Any:
         try:
-            raw = await request.read()
+            async with asyncio.timeout(self.options.body_timeout_s):
+                raw = await request.read()
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {self.options.body_timeout_s:g} s",
+                code="request_timeout",
+            ) from None
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(
                 413,
@@ -602,10 +624,24 @@ async def start_service(
         )
         service = Service(engine, options)
         runner = web.AppRunner(
-            service.app(), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+            service.app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=5.0,
+            # an idle connection, and one whose request headers have not all arrived, is
+            # closed this long after it opened (or after its previous answer)
+            keepalive_timeout=options.idle_timeout_s,
+            # after an answer to a request whose body was not read (a 408, a 413), what is
+            # left of it is read (so that the client gets the answer) for a second at most
+            lingering_time=1.0,
         )
         await runner.setup()
-        site = web.TCPSite(runner, options.host, options.port)
+        site = GuardedSite(
+            runner,
+            options.host,
+            options.port,
+            options.max_connections or default_max_connections(),
+        )
         await site.start()
     except BaseException:
         await stack.aclose()
@@ -624,6 +660,16 @@ async def serve_until_stopped(
     ``options.shutdown_grace_s`` to finish. Those still running then are cut (their chains
     cancelled, their upstream requests aborted, each answered 503) and the status is 1. A
     second signal cuts at once; a third one is the signal's default (the process ends)."""
+    flood = install_log_flood()
+    try:
+        return await _serve_until_stopped(cfg, options, embedded_urls)
+    finally:
+        remove_log_flood(*flood)
+
+
+async def _serve_until_stopped(
+    cfg: JobConfig, options: ServeOptions, embedded_urls: dict[str, str] | None
+) -> int:
     running = await start_service(cfg, options, embedded_urls=embedded_urls)
     service = running.service
     stop = asyncio.Event()

@@ -62,6 +62,27 @@ def add_serve_parser(
         help="on SIGTERM/SIGINT, how long running requests may finish before they are cut "
         "(20); queued ones are answered 503 at once, a second signal stops at once",
     )
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="a connection's deadline for a request's headers, and for idling (15)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a request's deadline for its body; 408 past it (30)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="open connections; one more is answered 503 and closed (default: half of the "
+        "descriptor limit, at most 1024)",
+    )
     serve.add_argument("--no-probe", action="store_true", help="skip the engine's start-up probe")
     common(serve)
     return serve
@@ -110,6 +131,9 @@ def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
         limits=limits,
         probe=not args.no_probe,
         shutdown_grace_s=getattr(args, "shutdown_grace", 20.0),
+        idle_timeout_s=getattr(args, "idle_timeout", 15.0),
+        body_timeout_s=getattr(args, "body_timeout", 30.0),
+        max_connections=getattr(args, "max_connections", None),
     )
 
 
