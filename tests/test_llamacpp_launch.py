@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -243,3 +244,77 @@ def test_the_server_dies_with_a_killed_presto(tmp_path: Path) -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_busy_port_is_refused_naming_its_owner(tmp_path: Path) -> None:
+    """A managed server must be the process presto started: a port where another server
+    already answers is refused, never used as if it were ours (issue 38 item 2)."""
+    (tmp_path / "other").mkdir()
+    other = LlamaServerProcess(script=fake_script(tmp_path / "other"))
+    url = other.start()
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        mine = LlamaServerProcess(script=fake_script(tmp_path), port=port)
+        with pytest.raises(LlamaCppServerError, match=rf"port {port} is in use") as info:
+            mine.start()
+        if sys.platform.startswith("linux"):
+            assert f"by pid {other.pid}" in str(info.value)
+        assert not (tmp_path / "pids" / "serve").exists()  # ours never started
+    finally:
+        other.stop()
+
+
+def test_what_answers_must_be_the_started_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launch, "listening_pid", lambda port: 1)
+    server = LlamaServerProcess(script=fake_script(tmp_path))
+    with pytest.raises(LlamaCppServerError, match="answered by pid 1, not by the llama-server"):
+        server.start()
+    assert gone(pid_of(tmp_path, "serve"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_server_that_dies_mid_run_is_said_and_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = LlamaServerProcess(script=fake_script(tmp_path), watch_every_s=0.1)
+    url = server.start()
+    try:
+        first = server.pid
+        assert first is not None and launch.listening_pid(int(url.rsplit(":", 1)[1])) == first
+        with caplog.at_level(logging.ERROR, logger=launch.__name__):
+            os.kill(first, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while (server.pid == first or server.pid is None) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.pid not in (None, first) and server.restarts == 1
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(f"{url}/health", timeout=2)
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError("the restarted server never answered")
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert f"pid {first}" in said and "exited with status -9" in said and "restarting" in said
+        assert server.failure is None
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_server_that_keeps_dying_is_given_up_with_its_cause(tmp_path: Path) -> None:
+    server = LlamaServerProcess(script=fake_script(tmp_path), watch_every_s=0.1, max_restarts=0)
+    server.start()
+    try:
+        pid = server.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while server.failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.failure is not None and "exited with status -9" in server.failure
+    finally:
+        server.stop()

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -101,6 +102,45 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something listens on the loopback ``port`` now."""
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((HOST, port)) == 0
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of the process listening on TCP ``port`` (Linux: ``/proc/net/tcp*`` and the
+    processes' descriptors); ``None`` where that cannot be told (another OS, no permission)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                inodes.add(fields[9])
+    if not inodes:
+        return None
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in targets:
+                    return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
 def _die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has Linux SIGTERM the child when presto dies, SIGKILL included,
     where no ``finally`` runs (``PR_SET_PDEATHSIG``; it survives the script's ``exec`` of the
@@ -153,6 +193,8 @@ class LlamaServerProcess:
         script: Path | None = None,
         stop_grace_s: float = 10.0,
         note_every_s: float = NOTE_EVERY_S,
+        max_restarts: int = 2,
+        watch_every_s: float = 0.5,
     ) -> None:
         self.parallel = parallel
         self.port = port
@@ -166,6 +208,14 @@ class LlamaServerProcess:
         self.log_path: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
+        self.max_restarts = max_restarts
+        self.watch_every_s = watch_every_s
+        self.restarts = 0
+        self.failure: str | None = None
+        """Why the server is gone for good (it died and could not be restarted)."""
+        self._serve_args: list[str] = []
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     @property
     def pid(self) -> int | None:
@@ -246,20 +296,85 @@ class LlamaServerProcess:
         work = Path(self._workdir.name)
         try:
             self.setup(work)
+            if self.port is not None and port_in_use(self.port):
+                owner = listening_pid(self.port)
+                raise LlamaCppServerError(
+                    f"port {self.port} is in use"
+                    + (f" (by pid {owner})" if owner is not None else "")
+                    + ": presto starts a llama-server of its own there and would otherwise run "
+                    "the job on whatever answers. Free the port, leave port unset (a free one is "
+                    "taken), or use that server as a served engine (kind: llamacpp, base_url)"
+                )
             port = self.port or free_port()
             url = f"http://{HOST}:{port}"
             self.log_path = work / "server.log"
             progress.info("starting llama.cpp's llama-server (%d slots) at %s", self.parallel, url)
-            args = ["serve", "--port", str(port), "--parallel", str(self.parallel)]
+            self._serve_args = ["serve", "--port", str(port), "--parallel", str(self.parallel)]
             if self.threads is not None:
-                args += ["--threads", str(self.threads)]
-            self._proc = self._spawn(args, self.log_path)
-            self._wait_healthy(self._proc, self.log_path, url)
+                self._serve_args += ["--threads", str(self.threads)]
+            self._launch(url)
         except BaseException:
             self.stop()
             raise
         self.base_url = url
+        self._stopping.clear()
+        self._watcher = threading.Thread(
+            target=self._watch, args=(url,), name="llama-server-watch", daemon=True
+        )
+        self._watcher.start()
         return url
+
+    def _launch(self, url: str) -> None:
+        """Start the server, wait for its health, and check that what answers is ours."""
+        assert self.log_path is not None
+        self._proc = self._spawn(self._serve_args, self.log_path)
+        self._wait_healthy(self._proc, self.log_path, url)
+        port = int(url.rsplit(":", 1)[1])
+        owner = listening_pid(port)
+        if owner is not None and owner != self._proc.pid:
+            raise LlamaCppServerError(
+                f"{url} is answered by pid {owner}, not by the llama-server presto started "
+                f"(pid {self._proc.pid}): another process took the port; log tail:\n"
+                f"{_tail(self.log_path)}"
+            )
+
+    def _watch(self, url: str) -> None:
+        """Watch the server while the job runs: when it dies, say so at once (its status and
+        log tail) and start it again on its port, up to ``max_restarts`` times; the engine's
+        requests reconnect within their restart window. Past that, :attr:`failure` says why."""
+        while not self._stopping.wait(self.watch_every_s):
+            proc = self._proc
+            if proc is None:
+                return
+            code = proc.poll()
+            if code is None or self._stopping.is_set():
+                continue
+            tail = _tail(self.log_path) if self.log_path is not None else ""
+            if self.restarts >= self.max_restarts:
+                self.failure = (
+                    f"llama-server (pid {proc.pid}) at {url} exited with status {code} after "
+                    f"{self.restarts} restart(s); log tail:\n{tail}"
+                )
+                logger.error("%s", self.failure)
+                return
+            self.restarts += 1
+            logger.error(
+                "llama-server (pid %d) at %s exited with status %s; restarting it (%d of %d); "
+                "log tail:\n%s",
+                proc.pid,
+                url,
+                code,
+                self.restarts,
+                self.max_restarts,
+                tail,
+            )
+            try:
+                self._launch(url)
+            except (LlamaCppServerError, OSError) as exc:
+                self.failure = f"llama-server at {url} died and could not be restarted: {exc}"
+                logger.error("%s", self.failure)
+                return
+            progress.info("llama-server restarted at %s (pid %d)", url, self.pid)
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes], log_path: Path, url: str) -> None:
         t0 = time.monotonic()
@@ -281,6 +396,10 @@ class LlamaServerProcess:
 
     def stop(self) -> None:
         """Stop the server's process group and remove its log; idempotent."""
+        self._stopping.set()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=self.startup_timeout_s + 5)
         proc, self._proc = self._proc, None
         if proc is not None:
             _stop_group(proc, self.stop_grace_s, "llama-server")
