@@ -377,9 +377,29 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     plan = make_plan(cfg, load_prompts(cfg))
     result = _execute(args, plan, out)
     print(format_summary_table(result.summary), file=out)
+    for extra in _run_notes(plan, result):
+        print(file=out)
+        print(extra, file=out)
     print(file=out)
     print(_result_footer(result), file=out)
     return _exit_status(result)
+
+
+def _run_notes(plan: Any, result: Any) -> list[str]:
+    """What ``presto run`` prints under its tables: an excerpt of the answers, and on an engine
+    that computes on this machine's CPU (llama.cpp as presto builds it) why PreSTO cannot be
+    faster there and the command that shows its speed-up (issue 40)."""
+    from presto_client.orchestration.planned import LlamaCppServer
+    from presto_client.orchestration.rundir import RunDir
+    from presto_client.reporting.answers import format_answers, format_cpu_note
+
+    prompts = {p.index: p.text for p in plan.prompts if p.text is not None}
+    cpu = [e.name for e in plan.engines.values() if isinstance(e.server, LlamaCppServer)]
+    notes = [
+        format_answers(RunDir(result.run_dir).samples(), prompts),
+        format_cpu_note(result.summary, cpu),
+    ]
+    return [n for n in notes if n]
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
