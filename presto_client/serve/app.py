@@ -57,6 +57,7 @@ from presto_client.serve.guard import (
     remove_log_flood,
 )
 from presto_client.serve.mapping import Limits, batch_for, check_config_within
+from presto_client.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from presto_client.serve.metrics import Metrics
 from presto_client.serve.wire import (
     CHAT_FIELDS,
@@ -151,6 +152,15 @@ def _error_for(exc: BaseException) -> ApiError:
     return ApiError(500, f"internal error: {type(exc).__name__}")
 
 
+def _route(request: web.Request) -> str | None:
+    """The template of the route ``request`` matched (``None``: none, a 404)."""
+    try:
+        resource = request.match_info.route.resource
+    except AttributeError:
+        return None
+    return resource.canonical if resource is not None else None
+
+
 def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     at = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
     return (text[:at], True) if at >= 0 else (text, False)
@@ -165,7 +175,19 @@ class Service:
         self.limits: Limits = options.limits or engine.config.serve.limits
         check_config_within(engine.config, self.limits)
         self.admission = Admission(options.max_active, options.max_queue)
-        self.metrics = Metrics()
+        self.metrics = Metrics(
+            {
+                "active_requests": ("Requests running", lambda: float(self.admission.active)),
+                "queued_requests": (
+                    "Requests waiting for a slot",
+                    lambda: float(self.admission.waiting),
+                ),
+                "engine_in_flight": (
+                    "Engine requests in flight",
+                    lambda: float(self.engine.in_flight),
+                ),
+            }
+        )
         if options.model_name is not None and (
             not options.model_name or server_text(options.model_name) != options.model_name
         ):
@@ -205,7 +227,8 @@ class Service:
         try:
             response = await handler(request)
         except asyncio.CancelledError:
-            self.metrics.request(request.path, 499)  # the client went away
+            # the client went away
+            self.metrics.request(_route(request), 499, time.perf_counter() - start)
             raise
         except web.HTTPException as exc:  # aiohttp's own (404 route, 405 method)
             error = ApiError(exc.status, exc.reason or "not found")
@@ -224,7 +247,7 @@ class Service:
             response = _json(error.body(), error.status, error.headers)
             if error.status == 408:  # (the rest of a slow body is not waited for)
                 response.force_close()
-        self.metrics.request(request.path, response.status)
+        self.metrics.request(_route(request), response.status, time.perf_counter() - start)
         logger.info(
             "%s %s %d %.3fs",
             server_text(request.method),
@@ -287,17 +310,9 @@ class Service:
         return _json({"object": "list", "data": [card]})
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        gauges = {
-            "active_requests": ("Requests running", lambda: float(self.admission.active)),
-            "queued_requests": (
-                "Requests waiting for a slot",
-                lambda: float(self.admission.waiting),
-            ),
-            "engine_in_flight": ("Engine requests in flight", lambda: float(self.engine.in_flight)),
-        }
-        return web.Response(
-            text=self.metrics.render(gauges), content_type="text/plain", charset="utf-8"
-        )
+        response = web.Response(body=self.metrics.render())
+        response.headers["Content-Type"] = METRICS_CONTENT_TYPE
+        return response
 
     # ---- generation
 
@@ -347,8 +362,10 @@ class Service:
             return await self._stream(request, body, ignored, chat=chat)
         async with asyncio.timeout(deadline):
             batch = await batch_for(self.engine, body, self.options.traversal, self.limits)
+            queued_at = time.perf_counter()
             async with self.admission.slot():
                 start = time.perf_counter()
+                self.metrics.queued(start - queued_at)
                 results = await self._run_or_cut(batch)
                 self.admission.observe(time.perf_counter() - start)
             answer = await self._answer(body, batch, results, ignored, chat=chat)
@@ -486,7 +503,9 @@ class Service:
         async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(self.options.request_timeout_s):  # (before the headers)
                 batch = await batch_for(self.engine, body, self.options.traversal, self.limits)
+                queued_at = time.perf_counter()
                 await stack.enter_async_context(self.admission.slot())  # a 429: no headers yet
+                self.metrics.queued(time.perf_counter() - queued_at)
             response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
