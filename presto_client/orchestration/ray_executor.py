@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -61,6 +62,23 @@ def _import_ray() -> Any:
             f"executor.kind ray needs Ray, which is not installed; {RAY_EXTRA_HINT}"
         ) from None
     return ray
+
+
+def _require_token_auth(ray: Any) -> None:
+    """Token authentication (Ray >= 2.52) for the local instance this process starts: a fresh
+    random token in this process's environment (inherited by the instance's processes, never
+    written to disk), unless the user chose a mode or a token already."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        logger.warning(
+            "RAY_AUTH_MODE=disabled: the local Ray instance takes calls from anyone who can "
+            "reach this machine's ports"
+        )
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    with contextlib.suppress(ImportError, AttributeError):
+        ray._raylet.Config.initialize("")  # re-read the mode (Ray caches its config)
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -132,6 +150,11 @@ class RaySession:
             # ("local": a new instance of the job's own, never another process's on this machine)
             kwargs["address"] = "local"
             kwargs["num_cpus"] = max(1, round(settings.workers * settings.cpus_per_worker))
+            # Every call to it needs a token of this process's: Ray's servers listen on every
+            # interface (a loopback node address is replaced by a reachable one: Ray's
+            # resolve_ip_for_localhost), and a Ray instance without authentication runs any
+            # code sent to it.
+            _require_token_auth(ray)
         else:
             kwargs["address"] = address
 

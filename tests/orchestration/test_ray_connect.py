@@ -43,3 +43,47 @@ def test_an_unreachable_address_is_refused_before_anything_is_written(
     assert time.perf_counter() - start < 15
     assert not out.exists()
     assert not ray.is_initialized()
+
+
+LOCAL_INSTANCE = """
+import asyncio, json, os
+from presto_client.orchestration.planned import ExecutorSettings
+from presto_client.orchestration.ray_executor import RaySession
+
+async def main():
+    session = await RaySession.connect(ExecutorSettings(kind="ray", workers=1))
+    import ray
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+    print(json.dumps({
+        "token": get_authentication_mode() == AuthenticationMode.TOKEN,
+        "secret": len(os.environ.get("RAY_AUTH_TOKEN", "")),
+        "nodes": [n["NodeManagerAddress"] for n in ray.nodes()],
+    }))
+    session.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_local_instance_answers_this_process_only(tmp_path: Path) -> None:
+    """The local Ray instance a job starts takes only calls that carry this process's token:
+    Ray's servers listen on every interface and Ray will not use a loopback node address, so
+    the token is what keeps others out (issue 38 item 6)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    out = subprocess.run(
+        [sys.executable, "-c", LOCAL_INSTANCE],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**env, "HOME": str(tmp_path)},  # no token of the user's
+        check=True,
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["token"] is True and seen["secret"] == 64
+    assert len(seen["nodes"]) == 1
+    assert not (tmp_path / ".ray" / "auth_token").exists()  # the token never went to disk
