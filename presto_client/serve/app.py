@@ -152,6 +152,15 @@ def _error_for(exc: BaseException) -> ApiError:
     return ApiError(500, f"internal error: {type(exc).__name__}")
 
 
+async def _write_queued(response: web.StreamResponse, progress: asyncio.Queue[str]) -> None:
+    """Every progress comment in the queue, in one write."""
+    queued: list[str] = []
+    while not progress.empty():
+        queued.append(progress.get_nowait())
+    if queued:
+        await response.write("".join(queued).encode())
+
+
 def _route(request: web.Request) -> str | None:
     """The template of the route ``request`` matched (``None``: none, a 404)."""
     try:
@@ -530,9 +539,12 @@ class Service:
                         await response.write(getter.result().encode())
                     else:
                         getter.cancel()
+                    await _write_queued(response, progress)
                     if not run.done() and time.monotonic() >= ends:
                         raise TimeoutError
                 results = run.result()
+                # the chains' last blocks finish together: their comments are still queued
+                await _write_queued(response, progress)
             except Exception as exc:
                 error = _error_for(exc)
                 logger.warning(

@@ -50,6 +50,33 @@ def test_stream_sends_a_comment_per_finished_block_before_the_answer(tmp_path: P
     assert lines[-1] == "data: [DONE]"
 
 
+def test_stream_misses_no_blocks_progress_comment(tmp_path: Path) -> None:
+    """Chains that finish together put their last comments in the queue at once: every one is
+    written before the answer (the queue is drained when the chains finish)."""
+    config = write_config(tmp_path / "job.yaml", reference_job(tmp_path / "run"))
+    with ServiceThread(load(config)) as service:
+        for seed in range(6):
+            body = {
+                "model": "ref",
+                "prompt": [[1, 2], [3]],
+                "n": 8,
+                "seed": seed,
+                "stream": True,
+            }
+            with httpx.stream("POST", f"{service.url}/v1/completions", json=body) as r:
+                lines = [line for line in r.iter_lines() if line]
+            comments = {line for line in lines if line.startswith(":")}
+            want = {
+                f": block {b}/2 prompt {i} chain {j}"
+                for b in (1, 2)
+                for i in range(2)
+                for j in range(8)
+            }
+            assert comments == want, (seed, sorted(want - comments))
+            first_data = next(i for i, x in enumerate(lines) if x.startswith("data"))
+            assert all(not x.startswith(":") for x in lines[first_data:])
+
+
 def test_chat_stream_over_http(tmp_path: Path) -> None:
     with EmulationServer("vllm", vocab_size=64, tokenizer=True) as upstream:
         data = reference_job(tmp_path / "run")
