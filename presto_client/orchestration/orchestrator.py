@@ -237,6 +237,18 @@ class EnginePool:
         """A stable replica index for ``key`` (the same in every process and session)."""
         return zlib.crc32(key.encode()) % len(self.replicas)
 
+    def chain_engine(self, replica_key: str, route_key: str) -> tuple[int, Engine]:
+        """Where one chain runs: its replica (by ``replica_key``) and that replica's view for
+        it, whose every request carries ``route_key`` to a gateway in front of the replicas
+        (an engine with a ``routing_key_header``), so the gateway keeps the chain's prefixes
+        on one server. Every face takes a chain's engine here (``presto run``'s orchestrator,
+        ``presto serve``), so no face sends a chain unrouted."""
+        replica = self.replica_for(replica_key)
+        engine = self.replicas[replica]
+        if isinstance(engine, Routable):
+            engine = engine.routed(route_key)
+        return replica, engine
+
 
 @dataclass(frozen=True, slots=True)
 class ChainSpec:
@@ -391,10 +403,7 @@ class Orchestrator:
 
     async def _run_one(self, spec: ChainSpec) -> ChainOutcome:
         pool = self.pools[spec.engine]
-        replica = pool.replica_for(spec.replica_key or spec.chain_id)
-        engine = pool.replicas[replica]
-        if isinstance(engine, Routable):
-            engine = engine.routed(spec.route_key)
+        replica, engine = pool.chain_engine(spec.replica_key or spec.chain_id, spec.route_key)
         if spec.warm_prompt:
             await self._warm(spec, replica, engine)
         view = LimitedEngine(engine, self.limits.for_engine(spec.engine), self.limits.global_slots)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,12 @@ class ChainBatch:
             for i in range(len(self.prompts))
             for j in range(self.n)
         ]
+
+
+def route_key(chain_key: str) -> str:
+    """What a served chain's requests tell a gateway: a digest of its key (nothing of the
+    client's request in clear)."""
+    return hashlib.sha256(f"presto-serve\n{chain_key}".encode()).hexdigest()[:32]
 
 
 def sampler_for(settings: SamplerSettings, eos_token_id: int | None) -> SamplerConfig:
@@ -224,8 +231,11 @@ class ServedEngine:
     async def _one(
         self, batch: ChainBatch, i: int, j: int, seed: int, on_block: BlockCallback | None
     ) -> ChainResult:
-        replica = self.pool.replica_for(f"{seed}/p{i}/c{j}")
-        view = LimitedEngine(self.pool.replicas[replica], self.engine_slots, self.global_slots)
+        # The chain's key: its request's seed and its place in it (a resent request with the
+        # same seed goes back to the replica holding its prefixes).
+        key = f"{seed}/p{i}/c{j}"
+        replica, engine = self.pool.chain_engine(key, route_key(key))
+        view = LimitedEngine(engine, self.engine_slots, self.global_slots)
 
         def on_round(record: RoundRecord) -> None:
             # A block's extension opens it: the one before has had all of its MH steps.
