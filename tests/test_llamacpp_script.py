@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,76 @@ def test_serve_runs_the_server_with_the_flags_of_start(tmp_path: Path) -> None:
 def test_serve_before_setup_says_so(tmp_path: Path) -> None:
     serve = run(tmp_path, "serve", "--port", str(free_port()))
     assert serve.returncode != 0 and "not set up" in serve.stderr
+
+
+FAKE_CMAKE = """#!/bin/sh
+# cmake as the build sees it: records its calls; a build that finds FAIL_BUILD set leaves an
+# object behind and fails (an interrupted build), otherwise it "links" llama-server.
+echo "cmake $*" >> "$CALLS"
+case " $* " in
+  *" --build "*)
+    b=$2
+    [ -f "$b/partial.o" ] && echo "found partial.o" >> "$CALLS"
+    if [ -n "$FAIL_BUILD" ]; then touch "$b/partial.o"; exit 1; fi
+    mkdir -p "$b/bin" && printf '#!/bin/sh\\n' > "$b/bin/llama-server"
+    chmod +x "$b/bin/llama-server"
+    ;;
+  *) mkdir -p "$4" && touch "$4/CMakeCache.txt" ;;
+esac
+"""
+
+
+def test_an_interrupted_build_resumes_on_every_core(tmp_path: Path) -> None:
+    """Issue 40: the server target alone on every core, and a set-up stopped mid-build (Ctrl-C,
+    a timeout) keeps what it compiled: the next one resumes in the same build folder."""
+    import tarfile
+
+    home = tmp_path / "home"
+    (home / "downloads").mkdir(parents=True)
+    (home / "model").mkdir()
+    (home / "model" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    source = tmp_path / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
+    source.mkdir(parents=True)
+    (source / "CMakeLists.txt").write_text("# fake\n")
+    with tarfile.open(home / "downloads" / "llama_cpp_python-0.3.36.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "src" / "llama_cpp_python-0.3.36", "llama_cpp_python-0.3.36")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    fakes = {
+        "cmake": FAKE_CMAKE,
+        "g++": "#!/bin/sh\n",
+        "make": "#!/bin/sh\n",
+        "curl": "#!/bin/sh\n",
+    }
+    for name, text in fakes.items():
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {
+        **os.environ,
+        "PRESTO_LLAMACPP_HOME": str(home),
+        "PATH": f"{tools}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "PRESTO_LLAMACPP_PYTHON": sys.executable,  # (its pip: the tools check asks for one)
+    }
+
+    def setup(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(SCRIPT), "setup"],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    failed = setup(FAIL_BUILD="1")
+    assert failed.returncode != 0
+    work = home / "build-0.3.36"
+    assert (work / "b" / "partial.o").is_file()  # what it compiled is kept
+    cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    assert f"--target llama-server -j{cores}" in calls.read_text()
+    done = setup()
+    assert done.returncode == 0, done.stderr
+    assert "resuming the interrupted build" in done.stderr
+    assert "found partial.o" in calls.read_text()  # built in the same folder
+    assert (home / "bin" / "llama-server-0.3.36").is_file() and not work.exists()
