@@ -5,8 +5,9 @@ server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
 
 Why aiohttp.web and not FastAPI on uvicorn (the engines' convention): aiohttp is already a
 dependency (the client's connection pool, the embedded server, the latency server), so the
-service adds no package; the handlers are plain coroutines on the same event loop as the chains
-(no thread pool, no dependency-injection layer), and its ``handler_cancellation`` turns a client
+service adds no web framework (only prometheus_client, for /metrics); the handlers are plain
+coroutines on the same event loop as the chains (no thread pool, no dependency-injection
+layer), and its ``handler_cancellation`` turns a client
 that goes away into a cancelled handler, which is how a disconnected client cancels its chains
 and aborts their upstream requests. The request bodies are still validated with pydantic (the
 wire models), as FastAPI would. ``benchmarks/bench_serve.py`` measures what the service costs
