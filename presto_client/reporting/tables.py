@@ -195,7 +195,8 @@ def format_stream_waits(arms: Sequence[Mapping[str, Any]]) -> str:
             hint = (
                 "nothing under load is measured yet and the engine sends no probe "
                 "(speculation_probe off, the default on llama.cpp): its chains speculate once "
-                "several run at once. Where speculation pays (a GPU) set speculation_probe: true; "
+                "several run at once (max_active_chains above 1: one chain at a time never "
+                "measures it). Where speculation pays (a GPU) set speculation_probe: true; "
                 "on a CPU it would not (a speculative request costs the compute of the chain's "
                 "own)"
             )
