@@ -62,7 +62,7 @@ class PrestoRunner(ChainRunner):
         self.traversal = traversal
         self.n_pf = n_pf
         self.predictor = predictor
-        self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
+        self.budget = budget if budget is not None else SpeculationBudget.unmeasured()
         self._cancelled: list[asyncio.Future[list[ScoredTokens]]] = []
 
     def _round_size(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import ConcurrencyBounded, Engine
+from presto_client.core.engine_protocol import Engine
 from presto_client.core.methods import ChainSetup, get_method
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.presto_runner import PrestoRunner
@@ -30,14 +30,9 @@ __all__ = [
 
 
 def chain_budget(engine: Engine) -> SpeculationBudget:
-    """A budget of one chain's own, for a caller that holds none for the engine.
-
-    Only a served engine (one with a concurrency bound) is measured; an in-process engine (the
-    reference model) computes its answers on the event loop, so its timings say nothing about a
-    server's cost and its chains speculate up to their caps.
-    """
-    capacity = engine.max_concurrency if isinstance(engine, ConcurrencyBounded) else None
-    return SpeculationBudget(capacity, adaptive=capacity is not None)
+    """A budget of one chain's own, for a caller that holds none for the engine
+    (:meth:`SpeculationBudget.for_engine`)."""
+    return SpeculationBudget.for_engine(engine)
 
 
 async def run_chain(

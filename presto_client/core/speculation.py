@@ -48,6 +48,8 @@ import logging
 import math
 from dataclasses import dataclass
 
+from presto_client.core.engine_protocol import ConcurrencyBounded, Engine
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOLERANCE = 0.5
@@ -102,6 +104,35 @@ class _CostFit:
 
 class SpeculationBudget:
     """The speculative sequences an engine's chains may keep in flight together."""
+
+    @classmethod
+    def unmeasured(cls) -> SpeculationBudget:
+        """The budget of a chain that holds none for its engine and has nothing to measure
+        (an in-process engine computes on the event loop: its timings say nothing of a
+        server's cost): no capacity, no adaptation, so its chains speculate up to their caps."""
+        return cls(None, adaptive=False)
+
+    @classmethod
+    def per_replica(
+        cls,
+        replicas: int,
+        capacity: int,
+        *,
+        tolerance: float = DEFAULT_TOLERANCE,
+        probe: bool = True,
+    ) -> list[SpeculationBudget]:
+        """The budgets of an engine's replicas, one each (one server, one cost curve, shared
+        by the chains on it), sized from the bound its requests run under. Made where the
+        engine opens (a job, a Ray worker, the service), and handed down."""
+        return [cls(capacity, tolerance=tolerance, probe=probe) for _ in range(replicas)]
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> SpeculationBudget:
+        """A budget of one chain's own for ``engine``: measured (adaptive) when the engine
+        states a concurrency bound (a served engine), else :meth:`unmeasured`."""
+        if not isinstance(engine, ConcurrencyBounded):
+            return cls.unmeasured()
+        return cls(engine.max_concurrency)
 
     def __init__(
         self,

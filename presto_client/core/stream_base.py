@@ -46,7 +46,7 @@ class StreamBase(ChainRunner):
         budget: SpeculationBudget | None,
     ) -> None:
         super().__init__(engine, sampler, seed, on_round)
-        self.budget = budget if budget is not None else SpeculationBudget(None, adaptive=False)
+        self.budget = budget if budget is not None else SpeculationBudget.unmeasured()
         self._tasks: set[asyncio.Task[None]] = set()
         self._draws: dict[tuple[int, int], TransitionDraws] = {}
         self._issued_since = 0

@@ -71,12 +71,12 @@ class OpenedEngine:
             list(replicas),
             e.max_concurrency,
             e.eos_token_id,
-            budgets=[
-                SpeculationBudget(
-                    capacity, tolerance=e.speculation_tolerance, probe=e.speculation_probe
-                )
-                for _ in replicas
-            ],
+            budgets=SpeculationBudget.per_replica(
+                len(replicas),
+                capacity,
+                tolerance=e.speculation_tolerance,
+                probe=e.speculation_probe,
+            ),
             takes_text=e.takes_text,
         )
 

@@ -387,7 +387,9 @@ class Orchestrator:
         self.limits = Limits(max_concurrency, {n: p.max_concurrency for n, p in pools.items()})
         self.budgets = {
             n: list(p.budgets)
-            or [SpeculationBudget(min(p.max_concurrency, max_concurrency)) for _ in p.replicas]
+            or SpeculationBudget.per_replica(
+                len(p.replicas), min(p.max_concurrency, max_concurrency)
+            )
             for n, p in pools.items()
         }
         self.max_concurrency = max_concurrency

@@ -99,14 +99,12 @@ class ChainWorker:
                 self.stack.push_async_callback(r.aclose)
             handle = OpenedEngine.of(e, replicas, share.max_concurrency)
             handle.max_concurrency = share.engine_slots[name]
-            handle.budgets = [
-                SpeculationBudget(
-                    share.budget_capacity[name],
-                    tolerance=e.speculation_tolerance,
-                    probe=e.speculation_probe,
-                )
-                for _ in replicas
-            ]
+            handle.budgets = SpeculationBudget.per_replica(
+                len(replicas),
+                share.budget_capacity[name],
+                tolerance=e.speculation_tolerance,
+                probe=e.speculation_probe,
+            )
             if self.probe and e.probes:
                 handle.probes = await probe_engine(handle)
             self.opened[name] = handle

@@ -3,7 +3,6 @@ fit-predictor``, and a job that runs the predictive traversal with the refit."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
@@ -25,7 +24,6 @@ from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
-from presto_client.orchestration import engines as job_engines
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.loading import load_job_config
 from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
@@ -137,8 +135,10 @@ async def test_fit_predictor_on_a_real_run_dir(
 ) -> None:
     # Rounds keep every planned proposal: sized by the in-process engine's timings, a loaded
     # machine can shrink every predictive round to its root, whose chain is the sequential one.
-    budget = functools.partial(SpeculationBudget, adaptive=False)
-    monkeypatch.setattr(job_engines, "SpeculationBudget", budget)
+    def unadaptive(replicas: int, capacity: int, **_: object) -> list[SpeculationBudget]:
+        return [SpeculationBudget(capacity, adaptive=False) for _ in range(replicas)]
+
+    monkeypatch.setattr(SpeculationBudget, "per_replica", unadaptive)
     run_dir = await _run(tmp_path, _job(tmp_path, ["sequential", "predictive"]))
     run = RunDir(run_dir)
     decisions = read_decisions(run)
