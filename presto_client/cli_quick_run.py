@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.errors import ConfigError
+from presto_client.orchestration import input_files
 from presto_client.orchestration.config import JobConfig
 from presto_client.orchestration.dataset_config import looks_local
-from presto_client.orchestration.input_files import MAX_CONFIG_BYTES, load_yaml, read_text_file
+from presto_client.orchestration.input_files import load_yaml, read_text_file
 from presto_client.orchestration.planned import Prompt
 
 progress = logging.getLogger("presto_client.progress")
@@ -71,7 +72,7 @@ def _ready_for_dataset(dataset: str) -> Path | None:
     for path in ready_configs().values():
         try:
             data = load_yaml(
-                read_text_file(path, what="config file", max_bytes=MAX_CONFIG_BYTES),
+                read_text_file(path, what="config file", max_bytes=input_files.MAX_CONFIG_BYTES),
                 source=str(path),
             )
         except ConfigError:
@@ -212,7 +213,7 @@ def load(args: argparse.Namespace, overrides: list[str]) -> JobConfig:
             args.dataset = None  # (the config names it, with its split and revision)
     if config is not None:
         path = resolve_config(config)
-        text = read_text_file(path, what="config file", max_bytes=MAX_CONFIG_BYTES)
+        text = read_text_file(path, what="config file", max_bytes=input_files.MAX_CONFIG_BYTES)
         data = load_yaml(text, source=str(path))
         data = {} if data is None else data
         if isinstance(data, dict):

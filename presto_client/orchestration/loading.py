@@ -23,10 +23,11 @@ from pydantic import (
 )
 
 from presto_client.errors import ConfigError
+from presto_client.orchestration import input_files
 from presto_client.orchestration.config import ENGINE_TAGS, JobConfig, Prompt, engine_kinds
 from presto_client.orchestration.dataset_config import DatasetConfig
 from presto_client.orchestration.dataset_loader import load_rows
-from presto_client.orchestration.input_files import MAX_CONFIG_BYTES, load_yaml, read_text_file
+from presto_client.orchestration.input_files import load_yaml, read_text_file
 from presto_client.orchestration.overrides import apply_override, format_loc, parse_path
 from presto_client.orchestration.prompt_rows import rows_to_prompts
 from presto_client.urls import redact_url
@@ -193,7 +194,7 @@ def load_job_config(path: str | os.PathLike[str], overrides: Sequence[str] = ())
     ``output_dir`` becomes ``runs/<name>``.
     """
     p = Path(path)
-    text = read_text_file(p, what="config file", max_bytes=MAX_CONFIG_BYTES)
+    text = read_text_file(p, what="config file", max_bytes=input_files.MAX_CONFIG_BYTES)
     data = load_yaml(text, source=str(p))
     return load_job_data(
         {} if data is None else data, overrides, source=str(p), base=p.parent, name=p.stem

@@ -50,9 +50,9 @@ def test_a_device_is_refused_without_reading_it(capsys: pytest.CaptureFixture[st
 def test_a_config_over_the_size_limit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import presto_client.orchestration.loading as loading
+    from presto_client.orchestration import input_files
 
-    monkeypatch.setattr(loading, "MAX_CONFIG_BYTES", 100)
+    monkeypatch.setattr(input_files, "MAX_CONFIG_BYTES", 100)
     path = _config(tmp_path)
     _refused(*_validate(path, capsys), str(path), "limit of 100 bytes")
 
