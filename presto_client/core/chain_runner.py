@@ -26,10 +26,27 @@ from presto_client.errors import InvalidResponseError
 RoundCallback = Callable[[RoundRecord], None]
 
 DRIFT_LIMIT = 0.5
-"""Nats: the most the implied normaliser ``log Z_τ`` at a cut may differ between the state's
-token and a proposal's first token, both scored after the same context. Numerical noise is
-far below it (fp32 engines ~1e-5, a bf16 KV cache 0.1-0.4 at τ = 1/4); rows shifted by a
-position give 1-4 nats."""
+"""Nats: the most the normalisers ``log Z_τ`` that the state's token at a cut and a proposal's
+first token certify (both scored after the same context) may lie apart
+(:func:`normaliser_gap`). Numerical noise is far below it (fp32 engines ~1e-5, a bf16 KV cache
+0.1-0.4 at τ = 1/4); rows shifted by a position give 1-4 nats."""
+
+
+def normaliser_gap(
+    x: ScoredTokens, position: int, y: ScoredTokens, temperatures: Sequence[float]
+) -> float:
+    """How far apart the normalisers ``log Z_τ`` that ``x`` at ``position`` and ``y`` at 0
+    certify are, in nats (0 when their intervals meet). Both tokens were scored after the same
+    context, so both intervals hold the one true ``log Z_τ`` of that row: a gap means the
+    engine's rows do not belong to their positions (or differ between requests)."""
+    worst = 0.0
+    for m, tau in enumerate(temperatures):
+        x_lo = x.logp0[position] / tau - x.logq_hi[position, m]
+        x_hi = x.logp0[position] / tau - x.logq_lo[position, m]
+        y_lo = y.logp0[0] / tau - y.logq_hi[0, m]
+        y_hi = y.logp0[0] / tau - y.logq_lo[0, m]
+        worst = max(worst, float(x_lo - y_hi), float(y_lo - x_hi))
+    return worst
 
 
 def first_eos(state: ChainState, eos_token_id: int | None) -> int | None:
@@ -218,11 +235,13 @@ class ChainRunner:
             if not verdict.decided:
                 raise AssertionError("exact scores must decide every transition")
         for proposal in proposals:
-            drift = self.kernel.normaliser_drift(state, cut, proposal)
-            self.stats.record_drift(drift)
-            if not drift <= DRIFT_LIMIT:
+            self.stats.record_drift(self.kernel.normaliser_drift(state, cut, proposal))
+            if len(proposal) == 0:
+                continue
+            gap = normaliser_gap(state.response, cut, proposal, self.kernel.score_spec.temperatures)
+            if not gap <= DRIFT_LIMIT:
                 raise InvalidResponseError(
-                    f"the normaliser at cut {cut} differs by {drift:.3g} nats between two requests "
+                    f"the normaliser at cut {cut} differs by {gap:.3g} nats between two requests "
                     f"of the same context (limit {DRIFT_LIMIT:g}; float noise is below 1e-3): the "
                     "engine's logprob rows do not belong to their positions (shifted by one?) or "
                     "differ between requests; the chain is failed rather than decided on them",
