@@ -4,10 +4,13 @@
   ``i * n + j`` is chain ``j`` of prompt ``i``, OpenAI's order). Text goes through the engine's
   tokenizer. Chat ``messages`` (system, user and assistant turns, ending with a user turn) go
   through the engine's chat template as a whole conversation.
-- **max_tokens** is ``num_blocks × block_size``: the blocks are the config's (or the request's)
-  ``num_blocks``, lowered to the largest divisor of ``max_tokens`` not above it, so the answer
-  is exactly ``max_tokens`` tokens long (or ends at EOS) and every block is as long as the
-  others, as the kernels need. Absent: the config's ``block_size × num_blocks``.
+- **max_tokens** is the budget ``num_blocks × block_size``: the blocks are the config's (or the
+  request's) ``num_blocks``, lowered to the largest divisor of ``max_tokens`` not above it, so
+  every block is as long as the others, as the kernels need. A chain stops after the block whose
+  state holds the engine's EOS (``stop_at_eos``, on by default: the answer ends at its EOS,
+  ``finish_reason: stop``); with ``stop_at_eos: false`` every block runs and the answer is
+  ``max_tokens`` long unless it is cut at an EOS at the end. Absent: the config's
+  ``block_size × num_blocks``.
 - **seed**: the root seed of the request's chains; a request without one gets a fresh random
   seed (reported in the answer's ``presto.seed``), as an OpenAI request without one is random.
 - Power-sampling settings in the body (``alpha``, ``steps_per_block``, ``sampler``,

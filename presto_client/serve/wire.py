@@ -27,6 +27,7 @@ SAMPLER_FIELDS = (
     "beta",
     "k_try",
     "temperatures",
+    "stop_at_eos",
 )
 """Per-request power-sampling settings (extra body fields): those of the config's ``sampler:``."""
 
@@ -101,6 +102,9 @@ class _Body(BaseModel):
     beta: float | None = None
     k_try: int | None = Field(None, ge=1)
     temperatures: list[float] | None = None
+    stop_at_eos: bool | None = None
+    """Stop each chain after the block whose state holds the engine's EOS (default: the
+    config's, on): ``max_tokens`` is then a budget, not the length."""
 
     def sampler_overrides(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SAMPLER_FIELDS if getattr(self, k) is not None}

@@ -220,3 +220,39 @@ def test_a_stop_string_cuts_the_token_ids_where_it_cuts_the_text(
     assert cut.usage.completion_tokens == k
     assert streamed[0].choices[0].model_extra["token_ids"] == ids[:k]
     assert streamed[0].choices[0].text == cut.choices[0].text
+
+
+def test_max_tokens_is_a_budget_that_stops_at_eos_as_presto_run(tmp_path: Path) -> None:
+    """With the engine's EOS known, a served chain stops after the block whose state holds it
+    (the same tokens as ``presto run``), and ``stop_at_eos: false`` runs every block."""
+    prompts = [[1, 2, 3], [4, 5]]
+    data = reference_job(
+        tmp_path / "run", prompts={"token_ids": prompts}, chains_per_prompt=3, seed=11
+    )
+    data["engines"][0]["eos_token_id"] = 3
+    data["sampler"].update(block_size=4, num_blocks=6)
+    config = write_config(tmp_path / "job.yaml", data)
+    rows = _presto_run(config)
+    assert any(r["stats"]["stopped_at_eos"] for r in rows)  # the case happens
+    with ServiceThread(load(config)) as service:
+        client = openai.OpenAI(base_url=service.v1, api_key="unused")
+        answer = client.completions.create(model="ref", prompt=prompts, n=3, seed=11, max_tokens=24)
+        every = client.completions.create(
+            model="ref",
+            prompt=prompts,
+            n=3,
+            seed=11,
+            max_tokens=24,
+            extra_body={"stop_at_eos": False},
+        )
+    got = [c.model_extra["token_ids"] for c in sorted(answer.choices, key=lambda c: c.index)]
+    assert got == [r["token_ids"] for r in rows]
+    for choice in answer.choices:
+        ids = choice.model_extra["token_ids"]
+        assert choice.finish_reason == ("stop" if ids and ids[-1] == 3 else "length")
+    full = [c.model_extra["token_ids"] for c in sorted(every.choices, key=lambda c: c.index)]
+    assert (
+        every.usage.model_extra["tokens_generated"] > answer.usage.model_extra["tokens_generated"]
+    )
+    for ids in full:  # every block ran: 24 tokens, cut only after a first EOS at the end
+        assert len(ids) == 24 or ids[-1] == 3
