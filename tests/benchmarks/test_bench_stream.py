@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from benchmarks.bench_stream import bench, build_parser, markdown, markdown_stop, plot
+from benchmarks.bench_stream import (
+    bench,
+    build_parser,
+    markdown,
+    markdown_stop,
+    plot,
+    resummarise,
+)
 from benchmarks.fast_model import EosHazard
 from benchmarks.latency_server import CostProfile, LatencyServer, ServerThread
 
@@ -72,5 +80,11 @@ async def test_multi_block_job_stops_at_eos_and_replays(tmp_path: Path) -> None:
         for a in ("sequential", "stream@auto")
     }
     assert all(r["ratio_tokens"]["median"] > 1 for r in ratios.values())
+    # A saved run's tables are rendered again from its results.json alone.
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(result))
+    _, again = resummarise(saved)
+    assert json.dumps(again["rows"]) == json.dumps(result["rows"])
+    assert json.dumps(again["stop_ratios"]) == json.dumps(result["stop_ratios"])
     table = markdown(result["rows"], "title") + markdown_stop(result["stop_ratios"])
     assert "| stream@auto/every |" in table and "| power_mh | sequential |" in table
