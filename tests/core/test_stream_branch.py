@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from presto_client.core import stream_runner
+from presto_client.core import chain_runner, stream_runner
 from presto_client.core.accept_branch import AcceptPredictor
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
@@ -142,6 +142,9 @@ async def test_replay_catches_an_accept_branch_kept_after_its_head_rejected(
     of another candidate, their prefix holds tokens that are not the state's). With the default
     floor the window holds most such transitions itself and the fault seldom shows (24 chains
     once showed none)."""
+    # The replay itself must catch it: the engine-health check (a normaliser gap between two
+    # scorings of one context) would stop most such chains first.
+    monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     monkeypatch.setattr(AcceptPredictor, "predict", lambda self: (1.0, 0))
     monkeypatch.setattr(stream_runner, "SURVIVAL_FLOOR", 0.99)
     out = await _replays(sampler, range(6), break_probability=0.0, window=6)
@@ -165,6 +168,9 @@ async def test_replay_catches_an_accept_branch_issued_past_the_head_tokens_recei
     """Without the overlap (so only the accept branch is issued from a partial response) the
     weaker check alone is right; let the branch go out before its prefix is in, and the replay
     check catches it."""
+    # The replay itself must catch it: the engine-health check (a normaliser gap between two
+    # scorings of one context) would stop most such chains first.
+    monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     monkeypatch.setattr(StreamRunner, "_usable", _prefix_only)
     out = await _replays("power_mh", range(6), break_probability=0.0, overlap=False)
     assert out.same and out.kept > 0

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 import pytest
 
-from presto_client.core import stream_runner
+from presto_client.core import chain_runner, stream_runner
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
@@ -208,6 +209,9 @@ async def test_the_overlap_replays_with_a_cap_too(sampler: str, top_k: int | Non
 async def test_replay_catches_a_proposal_kept_after_an_accept_rewrote_its_prefix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The replay itself must catch it: the engine-health check (a normaliser gap between two
+    # scorings of one context) would stop most such chains first.
+    monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     monkeypatch.setattr(StreamRunner, "_usable", lambda self, flight, state: True)
     same, _ = await _replays("power_mh", range(5), break_probability=0.0)
     assert not same
@@ -223,6 +227,9 @@ def _prefix_only(self: StreamRunner, flight: InFlight, state: ChainState) -> boo
 async def test_replay_catches_a_proposal_issued_past_the_tokens_received(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The replay itself must catch it: the engine-health check (a normaliser gap between two
+    # scorings of one context) would stop most such chains first.
+    monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     monkeypatch.setattr(StreamRunner, "_usable", _prefix_only)
     same, totals = await _replays("power_mh", range(5), break_probability=0.0)
     assert same and totals["early"] > 0  # the weaker check alone is right for this runner
@@ -236,6 +243,9 @@ async def test_replay_catches_proposals_kept_from_a_rewritten_extension(
 ) -> None:
     """Without the check at the extension's end, proposals issued from tokens that a broken
     stream's retry replaced would be used."""
+    # The replay itself must catch it: the engine-health check (a normaliser gap between two
+    # scorings of one context) would stop most such chains first.
+    monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     same, totals = await _replays("power_mh", range(8), break_probability=0.5)
     assert same and totals["rewritten"] > 0
     monkeypatch.setattr(StreamRunner, "_confirm", lambda self, window, state: None)
@@ -249,6 +259,9 @@ async def test_replay_catches_a_next_extension_kept_after_an_accept(
 ) -> None:
     """The next block's extension, speculated before this block's last transitions, is kept
     only if they leave the response as it was requested after."""
+    # The replay itself must catch it: the engine-health check (a normaliser gap between two
+    # scorings of one context) would stop most such chains first.
+    monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     monkeypatch.setattr(StreamRunner, "_extension_usable", lambda self, issued, state: True)
     same, totals = await _replays("power_mh", range(8), break_probability=0.0)
     assert totals["next"] > 0
