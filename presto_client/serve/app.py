@@ -28,8 +28,6 @@ import contextlib
 import hmac
 import logging
 import math
-import re
-import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,20 +41,10 @@ from presto_client.core.runners import ChainResult
 from presto_client.errors import (
     ConfigError,
     EngineError,
-    EngineRequestError,
-    EngineUnavailableError,
-    PrestoError,
 )
-from presto_client.orchestration.config import JobConfig
 from presto_client.serve.admission import Admission
 from presto_client.serve.chains import ChainBatch, ServedEngine
-from presto_client.serve.errors import ApiError, invalid
-from presto_client.serve.guard import (
-    GuardedSite,
-    default_max_connections,
-    install_log_flood,
-    remove_log_flood,
-)
+from presto_client.serve.errors import ApiError, error_for, invalid
 from presto_client.serve.mapping import Limits, batch_for, check_config_within
 from presto_client.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from presto_client.serve.metrics import Metrics
@@ -110,47 +98,6 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return web.Response(
         body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
     )
-
-
-_ADDRESS = re.compile(
-    r"(?:[a-z][a-z0-9+.-]*://[^\s,;()'\"]*[^\s,;()'\":.])"  # a URL
-    r"|(?:\[[0-9a-fA-F:.]+\](?::\d+)?)"  # [v6]:port
-    r"|(?:\b[A-Za-z0-9][A-Za-z0-9.-]*:\d{2,5}\b)"  # host:port
-    r"|(?:\b\d{1,3}(?:\.\d{1,3}){3}\b)",  # a bare v4 address
-    re.IGNORECASE,
-)
-
-
-def client_text(text: str) -> str:
-    """An upstream's error as an API client may read it: no upstream address (URL, host:port,
-    IP), no credentials; the server's log keeps the whole message for its operator."""
-    return _ADDRESS.sub("<upstream>", redact_text(text))
-
-
-def _error_for(exc: BaseException) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, TimeoutError):
-        return ApiError(504, "the request ran past the server's deadline", code="timeout")
-    if isinstance(exc, EngineUnavailableError):
-        return ApiError(
-            503, f"the upstream engine is unavailable: {client_text(str(exc))}", code="upstream"
-        )
-    if isinstance(exc, EngineRequestError):
-        # The engine refused a request built from the client's input (a prompt it cannot
-        # take, a token id outside its vocabulary): the client's to fix, so a 400.
-        return ApiError(
-            400,
-            f"the engine refused the request: {client_text(exc.detail)}",
-            code="upstream_rejected",
-        )
-    if isinstance(exc, EngineError):
-        return ApiError(
-            502, f"the upstream engine failed: {client_text(str(exc))}", code="upstream"
-        )
-    if isinstance(exc, PrestoError):
-        return ApiError(500, client_text(str(exc)))
-    return ApiError(500, f"internal error: {type(exc).__name__}")
 
 
 async def _write_queued(response: web.StreamResponse, progress: asyncio.Queue[str]) -> None:
@@ -244,7 +191,7 @@ class Service:
             error = ApiError(exc.status, exc.reason or "not found")
             response = _json(error.body(), exc.status)
         except Exception as exc:
-            error = _error_for(exc)
+            error = error_for(exc)
             if error.status >= 500 or isinstance(exc, EngineError):
                 # the operator's log: the whole message (the upstream's address included)
                 logger.warning(
@@ -423,8 +370,9 @@ class Service:
         self, body: Any, results: Sequence[ChainResult]
     ) -> list[tuple[str, str, tuple[int, ...]]]:
         """``(text, finish_reason, token_ids)`` of every choice: EOS or a stop string is
-        ``stop``. A stop string cuts the text before it and the tokens after the one that
-        completed it (vLLM's convention), so the ids and the text end at the same place."""
+        ``stop`` (the EOS's own text is left out of the text). A stop string cuts the text
+        before it and the tokens after the one that completed it (vLLM's convention), so the
+        ids and the text end at the same place."""
         out: list[tuple[str, str, tuple[int, ...]]] = []
         eos = self.engine.eos_token_id
         stops = body.stops()
@@ -432,7 +380,10 @@ class Service:
             ids = tuple(r.token_ids)
             text = ""
             if self.engine.can_detokenize:
-                text = await self.engine.detokenize(ids) or ""
+                # The EOS ends the answer; its text (<|im_end|>) is no part of it, as OpenAI's
+                # and vLLM's answers leave it out (the ids keep it: finish_reason says why).
+                shown = ids[:-1] if eos is not None and ids and ids[-1] == eos else ids
+                text = await self.engine.detokenize(shown) or ""
             text, stopped = _cut_at_stop(text, stops)
             if stopped:
                 ids = ids[: await self._stop_token_count(ids, stops)]
@@ -547,7 +498,7 @@ class Service:
                 # the chains' last blocks finish together: their comments are still queued
                 await _write_queued(response, progress)
             except Exception as exc:
-                error = _error_for(exc)
+                error = error_for(exc)
                 logger.warning(
                     "stream %s: %s",
                     server_text(request.path),
@@ -615,154 +566,3 @@ class Service:
                 }
                 chunks.append({**head, "choices": [choice]})
         return chunks
-
-
-# --------------------------------------------------------------------------------------------
-# Running the server
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class RunningService:
-    """A started service (``aclose()`` stops it and closes its engine)."""
-
-    url: str
-    service: Service
-    _runner: web.AppRunner
-    _stack: contextlib.AsyncExitStack
-
-    async def stop_listening(self) -> None:
-        """Close the listening sockets (connections already open are served on)."""
-        for site in list(self._runner.sites):
-            await site.stop()
-
-    async def aclose(self) -> None:
-        await self._runner.cleanup()
-        await self._stack.aclose()
-
-
-async def start_service(
-    cfg: JobConfig,
-    options: ServeOptions,
-    *,
-    embedded_urls: dict[str, str] | None = None,
-    replicas: Sequence[Any] | None = None,
-) -> RunningService:
-    """Open the config's first engine and serve it on ``options.host:options.port``."""
-    stack = contextlib.AsyncExitStack()
-    try:
-        engine = await ServedEngine.open(
-            cfg, stack, embedded_urls=embedded_urls, probe=options.probe, replicas=replicas
-        )
-        service = Service(engine, options)
-        runner = web.AppRunner(
-            service.app(),
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=5.0,
-            # an idle connection, and one whose request headers have not all arrived, is
-            # closed this long after it opened (or after its previous answer)
-            keepalive_timeout=options.idle_timeout_s,
-            # after an answer to a request whose body was not read (a 408, a 413), what is
-            # left of it is read (so that the client gets the answer) for a second at most
-            lingering_time=1.0,
-        )
-        await runner.setup()
-        site = GuardedSite(
-            runner,
-            options.host,
-            options.port,
-            options.max_connections or default_max_connections(),
-        )
-        await site.start()
-    except BaseException:
-        await stack.aclose()
-        raise
-    host, port = runner.addresses[0][:2]
-    return RunningService(f"http://{host}:{port}", service, runner, stack)
-
-
-async def serve_until_stopped(
-    cfg: JobConfig, options: ServeOptions, embedded_urls: dict[str, str] | None = None
-) -> int:
-    """Serve until SIGINT/SIGTERM, then drain; the exit status (0: nothing was cut).
-
-    The first signal stops listening and admitting: queued and new requests are answered 503
-    with Retry-After, ``/health`` says ``draining``, and the running requests have
-    ``options.shutdown_grace_s`` to finish. Those still running then are cut (their chains
-    cancelled, their upstream requests aborted, each answered 503) and the status is 1. A
-    second signal cuts at once; a third one is the signal's default (the process ends)."""
-    flood = install_log_flood()
-    try:
-        return await _serve_until_stopped(cfg, options, embedded_urls)
-    finally:
-        remove_log_flood(*flood)
-
-
-async def _serve_until_stopped(
-    cfg: JobConfig, options: ServeOptions, embedded_urls: dict[str, str] | None
-) -> int:
-    running = await start_service(cfg, options, embedded_urls=embedded_urls)
-    service = running.service
-    stop = asyncio.Event()
-    now = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGINT, signal.SIGTERM)
-
-    def on_signal() -> None:
-        if not stop.is_set():
-            stop.set()
-            return
-        now.set()
-        for sig in signals:  # a third signal: the default action
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-
-    for sig in signals:
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, on_signal)
-    logger.warning(
-        "presto serve: %s (engine %s) on %s/v1", service.model_id, service.engine.name, running.url
-    )
-    try:
-        await stop.wait()
-        return await drain(running, options.shutdown_grace_s, now)
-    finally:
-        for sig in signals:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        await running.aclose()
-
-
-async def drain(running: RunningService, grace_s: float, now: asyncio.Event | None = None) -> int:
-    """Stop a service gracefully (see :func:`serve_until_stopped`); 0, or 1 if work was cut."""
-    service = running.service
-    await running.stop_listening()
-    refused = service.begin_drain()
-    active = service.admission.active
-    logger.warning(
-        "presto serve: stopping; %d running request(s) have %g s to finish, %d queued "
-        "answered 503 (a second signal stops at once)",
-        active,
-        grace_s,
-        refused,
-    )
-    now = now or asyncio.Event()
-    idle = asyncio.ensure_future(service.admission.wait_idle())
-    at_once = asyncio.ensure_future(now.wait())
-    try:
-        await asyncio.wait({idle, at_once}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
-        if not idle.done():
-            service.cut_running()
-            with contextlib.suppress(TimeoutError):  # their 503s are written
-                await asyncio.wait_for(asyncio.shield(idle), timeout=5)
-    finally:
-        idle.cancel()
-        at_once.cancel()
-    if service.cut_requests:
-        logger.warning(
-            "presto serve: %d request(s) were cut (answered 503); exit status 1",
-            service.cut_requests,
-        )
-        return 1
-    return 0

@@ -143,7 +143,7 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
     from presto_client.orchestration.engines import start_embedded_servers
     from presto_client.orchestration.job import event_loop_factory
     from presto_client.orchestration.plan import make_plan
-    from presto_client.serve.app import serve_until_stopped
+    from presto_client.serve.lifecycle import serve_until_stopped
 
     if cfg.executor.kind != "local":
         raise ConfigError(

@@ -16,7 +16,8 @@ import yaml
 
 from presto_client.orchestration.config import JobConfig
 from presto_client.orchestration.loading import load_job_config
-from presto_client.serve.app import RunningService, ServeOptions, start_service
+from presto_client.serve.app import ServeOptions
+from presto_client.serve.lifecycle import RunningService, start_service
 
 
 class ServiceThread:

@@ -256,3 +256,28 @@ def test_max_tokens_is_a_budget_that_stops_at_eos_as_presto_run(tmp_path: Path) 
     )
     for ids in full:  # every block ran: 24 tokens, cut only after a first EOS at the end
         assert len(ids) == 24 or ids[-1] == 3
+
+
+def test_an_answer_that_ends_at_eos_leaves_the_eos_text_out(tmp_path: Path, emulation: Any) -> None:
+    """``<|im_end|>`` (here ``<tN>``) is no part of an answer's text: its ids keep the EOS and
+    ``finish_reason`` says ``stop``, as an OpenAI server answers."""
+    ended = 0
+    for eos in range(64):
+        data = _http_job(
+            tmp_path / f"run{eos}", emulation.base_url, prompts={"texts": ["power sampling"]}
+        )
+        data["engines"][0]["eos_token_id"] = eos
+        config = write_config(tmp_path / f"job{eos}.yaml", data)
+        with ServiceThread(load(config)) as service:
+            client = openai.OpenAI(base_url=service.v1, api_key="unused")
+            answer = client.completions.create(model="emu", prompt="power sampling", n=4, seed=3)
+        for choice in answer.choices:
+            ids = choice.model_extra["token_ids"]
+            if ids and ids[-1] == eos:
+                ended += 1
+                assert choice.finish_reason == "stop"
+                assert not choice.text.endswith(f"<t{eos}>")
+                assert choice.text == "".join(f"<t{t}>" for t in ids[:-1])
+        if ended:
+            break
+    assert ended > 0

@@ -15,8 +15,9 @@ import pytest
 from serve_helpers import ServiceThread, load, reference_job, write_config
 
 from presto_client.errors import ConfigError
-from presto_client.serve.app import ServeOptions, client_text
+from presto_client.serve.app import ServeOptions
 from presto_client.serve.command import options_from
+from presto_client.serve.errors import client_text
 from tests.support.emulation import EmulationServer
 
 
