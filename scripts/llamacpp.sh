@@ -13,8 +13,9 @@
 # Build flags: no GGML_NATIVE (a native build dies with "invalid opcode" on VMs whose CPUs
 # advertise AMX the guest cannot use); AVX/AVX2/AVX512 follow /proc/cpuinfo, AMX off.
 # The server target alone, on every core (nproc), not niced: a user waits for it. First set-up
-# measured on this project's 2-core VM shared with other jobs: 1242 s at load 3-8 (20.6 min; 900
-# s of CPU: user 838 s, sys 64 s; 6 min 47 s end to end for a first demo run on an idle machine);
+# measured on this project's 2-core VM shared with other jobs: 1242 s at load 3-8 (20.6 min), 1768
+# s at load 11-17 (interrupted after 251 s and resumed); 900 s of CPU: user 838 s, sys 64 s; 6 min
+# 47 s end to end for a first demo run on an idle machine;
 # under `nice -n 10`, as before, a user saw 42 min at load ~8.6 and this VM 31.5 min at load ~10.
 # An interrupted build resumes (build() keeps its folder); later calls find the cached binary in
 # well under a second.
@@ -80,8 +81,8 @@ build() {
     fi
     load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?")
     log "building llama-server on $jobs cores (load $load), once: 900 s of CPU; on 2 cores" \
-        "shared with other jobs (load 3-8) it took 20 min, 7 min idle; Ctrl-C keeps what it" \
-        "compiled and the next set-up resumes it"
+        "shared with other jobs it took 21 min at load 3-8 and 30 min at load 11-17, 7 min idle;" \
+        "Ctrl-C keeps what it compiled and the next set-up resumes it"
     cmake -S "$src" -B "$work/b" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DGGML_AVX="$(cpu_flag avx)" \

