@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from backends.registry import available_backends, create_engine, register_backend
-from backends.routing import check_routing_key_header
-from backends.spec import Capabilities, EngineSpec, ProbeReport
+from presto_client.backends.registry import available_backends, create_engine, register_backend
+from presto_client.backends.routing import check_routing_key_header
+from presto_client.backends.spec import Capabilities, EngineSpec, ProbeReport
 
 __all__ = [
     "Capabilities",

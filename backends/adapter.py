@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from backends.parsing import TokenLogprobs
-from backends.spec import Capabilities, EngineSpec
+from presto_client.backends.parsing import TokenLogprobs
+from presto_client.backends.spec import Capabilities, EngineSpec
 from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import ConfigError, InvalidResponseError
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
-from backends.pool import (
+from presto_client.backends.pool import (
     ConnectError,
     ConnectTimeout,
     NetworkError,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.parsing import (
+from presto_client.backends.parsing import (
     TokenLogprobs,
     check_length,
     dict_rows_flat,

@@ -15,8 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from backends.spec import ProbeReport
-from backends.transport import Transport
+from presto_client.backends.spec import ProbeReport
+from presto_client.backends.transport import Transport
 from presto_client.errors import EngineError, ProbeError
 
 logger = logging.getLogger(__name__)

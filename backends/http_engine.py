@@ -18,17 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from backends.adapter import RAW, SCALED, Adapter, HttpCall
-from backends.http_probe import ProbeMixin
-from backends.http_stream import StreamMixin, proposal_label
-from backends.metrics import prefix_cache_metrics
-from backends.parsing import TokenLogprobs, check_token_ids
-from backends.pool import Pool, RequestHeaders
-from backends.retry import Sleep
-from backends.routing import RoutedEngine
-from backends.slots import SlotPlan
-from backends.spec import Capabilities, EngineSpec, ProbeReport
-from backends.transport import Transport, response_cap
+from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall
+from presto_client.backends.http_probe import ProbeMixin
+from presto_client.backends.http_stream import StreamMixin, proposal_label
+from presto_client.backends.metrics import prefix_cache_metrics
+from presto_client.backends.parsing import TokenLogprobs, check_token_ids
+from presto_client.backends.pool import Pool, RequestHeaders
+from presto_client.backends.retry import Sleep
+from presto_client.backends.routing import RoutedEngine
+from presto_client.backends.slots import SlotPlan
+from presto_client.backends.spec import Capabilities, EngineSpec, ProbeReport
+from presto_client.backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     ProposalRequest,

@@ -13,8 +13,8 @@ import html
 import re
 from typing import Any
 
-from backends.parsing import error_message
-from backends.pool import ConnectError, ConnectTimeout, ReadTimeout
+from presto_client.backends.parsing import error_message
+from presto_client.backends.pool import ConnectError, ConnectTimeout, ReadTimeout
 from presto_client.terminal_text import server_text
 
 NOT_OPENAI = "this is not an OpenAI-compatible server (it answered with an HTML page)"

@@ -8,17 +8,17 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from backends.adapter import RAW, Adapter
-from backends.gateways import check_gateway, refused_token_ids
-from backends.parsing import TokenLogprobs
-from backends.probe_checks import (
+from presto_client.backends.adapter import RAW, Adapter
+from presto_client.backends.gateways import check_gateway, refused_token_ids
+from presto_client.backends.parsing import TokenLogprobs
+from presto_client.backends.probe_checks import (
     PROBE_PROMPT,
     PROBE_SEED,
     PROBE_TEMPERATURE,
     PROBE_TOKENS,
     judge_semantics,
 )
-from backends.spec import EngineSpec, ProbeReport
+from presto_client.backends.spec import EngineSpec, ProbeReport
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import (
     EngineRequestError,
@@ -29,9 +29,9 @@ from presto_client.errors import (
 from presto_client.terminal_text import server_text
 
 if TYPE_CHECKING:
-    from backends.transport import Transport
+    from presto_client.backends.transport import Transport
 
-logger = logging.getLogger("backends.http_engine")
+logger = logging.getLogger("presto_client.backends.http_engine")
 
 
 class ProbeMixin:

@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.adapter import Adapter
-from backends.parsing import TokenLogprobs
-from backends.pool import RequestHeaders
-from backends.slots import SlotPlan
-from backends.spec import Capabilities, EngineSpec
+from presto_client.backends.adapter import Adapter
+from presto_client.backends.parsing import TokenLogprobs
+from presto_client.backends.pool import RequestHeaders
+from presto_client.backends.slots import SlotPlan
+from presto_client.backends.spec import Capabilities, EngineSpec
 from presto_client.core.engine_protocol import IntArray, ProposalRequest, ScoredTokens
 from presto_client.core.scoring import scored_from_raw
 from presto_client.errors import EngineError, EngineUnavailableError
 
 if TYPE_CHECKING:
-    from backends.transport import Transport
+    from presto_client.backends.transport import Transport
 
-logger = logging.getLogger("backends.http_engine")
+logger = logging.getLogger("presto_client.backends.http_engine")
 
 
 def _joined(chunks: Sequence[TokenLogprobs]) -> TokenLogprobs:

@@ -46,8 +46,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.adapter import RAW, Adapter, HttpCall
-from backends.parsing import (
+from presto_client.backends.adapter import RAW, Adapter, HttpCall
+from presto_client.backends.parsing import (
     TokenLogprobs,
     check_ids,
     logprob_value,

@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.adapter import RAW, Adapter, HttpCall
-from backends.completions import parse_completion_logprobs
-from backends.parsing import TokenLogprobs, check_length, logprob_value, topk_rows
+from presto_client.backends.adapter import RAW, Adapter, HttpCall
+from presto_client.backends.completions import parse_completion_logprobs
+from presto_client.backends.parsing import TokenLogprobs, check_length, logprob_value, topk_rows
 from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 

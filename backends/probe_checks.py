@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.adapter import RAW, SCALED, Adapter
-from backends.parsing import TokenLogprobs
-from backends.spec import ProbeReport
+from presto_client.backends.adapter import RAW, SCALED, Adapter
+from presto_client.backends.parsing import TokenLogprobs
+from presto_client.backends.spec import ProbeReport
 from presto_client.core.engine_protocol import FloatArray
 from presto_client.core.logprob_math import scores_from_topk
 

@@ -21,21 +21,21 @@ import importlib
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from backends.adapter import Adapter
-from backends.spec import EngineSpec
+from presto_client.backends.adapter import Adapter
+from presto_client.backends.spec import EngineSpec
 from presto_client.errors import ConfigError
 
 if TYPE_CHECKING:
-    from backends.http_engine import HttpEngine
-    from backends.pool import Pool
-    from backends.retry import Sleep
+    from presto_client.backends.http_engine import HttpEngine
+    from presto_client.backends.pool import Pool
+    from presto_client.backends.retry import Sleep
 
 # Built-in dialects are imported on first use: "module:attribute".
 _BUILTIN: dict[str, str] = {
-    "vllm": "backends.vllm:VllmAdapter",
-    "sglang": "backends.sglang:SglangAdapter",
-    "openai": "backends.openai_compat:OpenAICompatAdapter",
-    "llamacpp": "backends.llamacpp:LlamaCppAdapter",
+    "vllm": "presto_client.backends.vllm:VllmAdapter",
+    "sglang": "presto_client.backends.sglang:SglangAdapter",
+    "openai": "presto_client.backends.openai_compat:OpenAICompatAdapter",
+    "llamacpp": "presto_client.backends.llamacpp:LlamaCppAdapter",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(_BUILTIN)
 """The built-in dialects, in the order messages list them."""
@@ -101,7 +101,7 @@ def create_engine(
     ``sleep`` replaces the sleep between retries.
     """
     cls = adapter_class(spec.kind)
-    from backends.http_engine import HttpEngine
+    from presto_client.backends.http_engine import HttpEngine
 
     if not spec.base_urls:
         raise ConfigError(f"engine {spec.kind!r} has no base_urls")

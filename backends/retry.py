@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
-from backends.pool import (
+from presto_client.backends.pool import (
     ConnectError,
     ReadError,
     RemoteProtocolError,

@@ -17,7 +17,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from backends.pool import RequestHeaders
+from presto_client.backends.pool import RequestHeaders
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.adapter import RAW, SCALED, Adapter, HttpCall, ParsedModels
-from backends.parsing import (
+from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall, ParsedModels
+from presto_client.backends.parsing import (
     TokenLogprobs,
     check_ids,
     check_length,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.routing import check_routing_key_header
 from presto_client import defaults
+from presto_client.backends.routing import check_routing_key_header
 from presto_client.errors import ConfigError
 from presto_client.urls import host_port, split_userinfo
 

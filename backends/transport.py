@@ -33,9 +33,15 @@ from typing import Any
 import orjson
 from tenacity import RetryCallState
 
-from backends.aiohttp_pool import AiohttpPool
-from backends.http_errors import FINAL_5XX, body_message, describe_transport_error, is_refused
-from backends.pool import (
+from presto_client import defaults
+from presto_client.backends.aiohttp_pool import AiohttpPool
+from presto_client.backends.http_errors import (
+    FINAL_5XX,
+    body_message,
+    describe_transport_error,
+    is_refused,
+)
+from presto_client.backends.pool import (
     Pool,
     ReadTimeout,
     RequestHeaders,
@@ -44,7 +50,7 @@ from backends.pool import (
     TransportError,
     declared_length,
 )
-from backends.retry import (
+from presto_client.backends.retry import (
     RETRY_STATUSES,
     RetryableHTTPError,
     Sleep,
@@ -53,9 +59,8 @@ from backends.retry import (
     parse_retry_after,
     retrying,
 )
-from backends.spec import DEFAULT_RESTART_WINDOW_S
-from backends.wire import SSEDecoder, decode_events, decode_json
-from presto_client import defaults
+from presto_client.backends.spec import DEFAULT_RESTART_WINDOW_S
+from presto_client.backends.wire import SSEDecoder, decode_events, decode_json
 from presto_client.errors import (
     ConfigError,
     EngineError,

@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.adapter import RAW, SCALED, Adapter, HttpCall
-from backends.completions import fast_completion_logprobs, parse_completion_logprobs
-from backends.parsing import (
+from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall
+from presto_client.backends.completions import fast_completion_logprobs, parse_completion_logprobs
+from presto_client.backends.parsing import (
     TokenLogprobs,
     check_ids,
     logprob_value,

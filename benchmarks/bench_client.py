@@ -58,8 +58,8 @@ def _cpu_s() -> float:
 async def _client(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
-    import backends
-    from backends import EngineSpec, create_engine
+    from presto_client import backends
+    from presto_client.backends import EngineSpec, create_engine
     from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 
     spec = EngineSpec("vllm", (args.url,), top_k=20, max_concurrency=args.C, max_retries=0)

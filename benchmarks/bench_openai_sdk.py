@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from backends import EngineSpec, create_engine
+from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from tests.support.emulation import EmulationServer
 

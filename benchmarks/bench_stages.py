@@ -33,7 +33,7 @@ def _capture(url: str, out: Path, n: int, t: int) -> None:
     import httpx
     import orjson
 
-    from backends.vllm import NEUTRAL_SAMPLING
+    from presto_client.backends.vllm import NEUTRAL_SAMPLING
 
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     rng = random.Random(1)
@@ -71,11 +71,11 @@ def _best(fn: Callable[[Any], Any], args: Sequence[Any], reps: int = 7, n: int =
 def _stages(captures: Path, t: int) -> dict[str, Any]:
     import orjson
 
-    import backends
-    from backends.spec import EngineSpec
-    from backends.transport import Transport
-    from backends.vllm import VllmAdapter
-    from backends.wire import loads
+    from presto_client import backends
+    from presto_client.backends.spec import EngineSpec
+    from presto_client.backends.transport import Transport
+    from presto_client.backends.vllm import VllmAdapter
+    from presto_client.backends.wire import loads
     from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
     from presto_client.core.scoring import scored_from_raw
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from backends import EngineSpec, create_engine
+from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.kernels import make_kernel
 from presto_client.core.runners import ChainResult, chain_budget, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig, replaying_names

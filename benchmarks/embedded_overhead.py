@@ -136,7 +136,7 @@ def engine_direct(engine: Any, prompts: list[list[int]], T: int, tau: float, n: 
 
 
 def http_client(url: str, prompts: list[list[int]], T: int, tau: float, n: int) -> int:
-    from backends import EngineSpec, create_engine
+    from presto_client.backends import EngineSpec, create_engine
     from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 
     async def go() -> int:
@@ -159,7 +159,7 @@ def http_client(url: str, prompts: list[list[int]], T: int, tau: float, n: int) 
 
 def sequential_chain(url: str, prompts: list[list[int]], T: int, alpha: float, n: int) -> int:
     """Real PowerMH chains (block T, K = n transitions, one call at a time) on the server."""
-    from backends import EngineSpec, create_engine
+    from presto_client.backends import EngineSpec, create_engine
     from presto_client.core.sequential_runner import SequentialRunner
     from presto_client.core.settings import SamplerConfig
 

@@ -7,10 +7,12 @@ The public Python API::
                              traversal="stream", n_pf=8, seed=0)
 
 ``engine`` is any :class:`~presto_client.core.engine_protocol.Engine`:
-``backends.create_engine(spec)`` for a vLLM/SGLang/OpenAI-compatible server, or
+``presto_client.backends.create_engine(spec)`` for a vLLM/SGLang/OpenAI-compatible server, or
 :class:`ReferenceEngine` for the exact in-process model. Batch jobs, run directories and engine
 comparisons are in :mod:`presto_client.orchestration` and the ``presto`` command.
 """
+
+import importlib.metadata
 
 from presto_client.core.engine_protocol import (
     Engine,
@@ -33,7 +35,10 @@ from presto_client.errors import (
     ProbeError,
 )
 
-__version__ = "0.1.0"
+try:  # the version is pyproject's, as installed (one place)
+    __version__ = importlib.metadata.version("presto-client")
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
     "SAMPLERS",

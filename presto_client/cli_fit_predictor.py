@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import TextIO
 
+from presto_client.errors import ConfigError
+
 
 def add_parser(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = subs.add_parser(
@@ -26,6 +28,12 @@ def add_parser(subs: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def cmd_fit_predictor(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        import sklearn  # noqa: F401  (the refit's only dependency beyond the base install)
+    except ImportError:
+        raise ConfigError(
+            "presto fit-predictor needs scikit-learn: pip install 'presto-client[fit]'"
+        ) from None
     from presto_client.orchestration.predictor_fit import (
         CLASS_NAMES,
         fit_and_evaluate,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.resources
 import json
 import logging
 import re
@@ -34,11 +35,13 @@ from presto_client.orchestration.planned import Prompt
 progress = logging.getLogger("presto_client.progress")
 
 READY_DIRS = (
-    Path(__file__).resolve().parent.parent / "configs" / "benchmarks",
+    Path(str(importlib.resources.files("presto_client.configs") / "benchmarks")),
+    Path(str(importlib.resources.files("presto_client.configs"))),
     Path("configs") / "benchmarks",
 )
-"""Where ready benchmark configs are looked up: the repository's (an editable install, as the
-README installs it), then the working directory's."""
+"""Where configs are looked up by name (``presto run math500``, ``presto run demo``): the ready
+benchmark configs and the demo's and examples' configs that presto_client installs (the
+repository's configs/ in a checkout), then the working directory's configs/benchmarks."""
 
 
 def ready_configs() -> dict[str, Path]:

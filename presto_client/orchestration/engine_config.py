@@ -36,10 +36,15 @@ from pydantic import (
     model_validator,
 )
 
-from backends import check_routing_key_header
-from backends.registry import BUILTIN_BACKENDS, adapter_class, available_backends, create_engine
-from backends.spec import EngineSpec
 from presto_client import defaults
+from presto_client.backends import check_routing_key_header
+from presto_client.backends.registry import (
+    BUILTIN_BACKENDS,
+    adapter_class,
+    available_backends,
+    create_engine,
+)
+from presto_client.backends.spec import EngineSpec
 from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
 from presto_client.core.speculation import DEFAULT_TOLERANCE
 from presto_client.errors import ConfigError

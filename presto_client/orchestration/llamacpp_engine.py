@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from backends.registry import create_engine
-from backends.spec import EngineSpec
 from presto_client import defaults
+from presto_client.backends.registry import create_engine
+from presto_client.backends.spec import EngineSpec
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engine_config import (
     ENGINE_TAGS,

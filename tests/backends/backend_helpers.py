@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backends import EngineSpec, create_engine
-from backends.http_engine import HttpEngine
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.http_engine import HttpEngine
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu"
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from backends.http_engine import HttpEngine
+from presto_client.backends.http_engine import HttpEngine
 from tests.support.emulation import EmulationServer
 
 

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from backends.aiohttp_pool import AiohttpPool, transport_error
-from backends.pool import (
+from presto_client.backends.aiohttp_pool import AiohttpPool, transport_error
+from presto_client.backends.pool import (
     ConnectError,
     ConnectTimeout,
     NetworkError,
@@ -23,7 +23,7 @@ from backends.pool import (
     TransportError,
     UnsupportedURL,
 )
-from backends.transport import Transport
+from presto_client.backends.transport import Transport
 from presto_client.errors import EngineRequestError, EngineUnavailableError, InvalidResponseError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from backend_helpers import FIXTURES, make_engine
 
-from backends.http_engine import HttpEngine
+from presto_client.backends.http_engine import HttpEngine
 from presto_client.core.engine_protocol import (
     ProposalRequest,
     ScoredTokens,
@@ -260,7 +260,7 @@ async def test_probe_detects_sglang_mode_mismatch(sglang_raw: EmulationServer) -
 async def test_probe_warns_when_sglang_ignores_seeds(caplog: pytest.LogCaptureFixture) -> None:
     with EmulationServer("sglang") as server:
         eng = engine("sglang", server)
-        with caplog.at_level(logging.WARNING, logger="backends.http_engine"):
+        with caplog.at_level(logging.WARNING, logger="presto_client.backends.http_engine"):
             report = await eng.probe()
         assert report.ok and report.seeds_honoured is False
         assert "--enable-deterministic-inference" in caplog.text

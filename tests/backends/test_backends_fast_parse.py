@@ -10,19 +10,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.completions import (
+from presto_client.backends.completions import (
     completion_logprobs_per_token,
     fast_completion_logprobs,
     parse_completion_logprobs,
 )
-from backends.parsing import (
+from presto_client.backends.parsing import (
     logprob_array,
     token_id_array,
     token_id_keys_array,
     topk_from_flat,
     topk_rows,
 )
-from backends.sglang import _fast_triples, _top_rows, _triples_per_token
+from presto_client.backends.sglang import _fast_triples, _top_rows, _triples_per_token
 from presto_client.errors import InvalidResponseError
 
 K = 20
@@ -213,8 +213,8 @@ def _events(rng: random.Random, sizes: list[int]) -> list[dict[str, Any]]:
 
 
 def test_vllm_stream_events_of_one_read_are_one_chunk() -> None:
-    from backends import EngineSpec
-    from backends.vllm import VllmAdapter
+    from presto_client.backends import EngineSpec
+    from presto_client.backends.vllm import VllmAdapter
     from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 
     adapter = VllmAdapter(EngineSpec("vllm", ("http://x",), top_k=K))

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from backend_helpers import FIXTURES
 
-from backends import EngineSpec
-from backends.metrics import parse_prometheus, prefix_cache_metrics
-from backends.openai_compat import OpenAICompatAdapter
-from backends.parsing import TokenLogprobs, error_message, logprob_value, topk_rows
-from backends.sglang import SglangAdapter
-from backends.vllm import VllmAdapter
+from presto_client.backends import EngineSpec
+from presto_client.backends.metrics import parse_prometheus, prefix_cache_metrics
+from presto_client.backends.openai_compat import OpenAICompatAdapter
+from presto_client.backends.parsing import TokenLogprobs, error_message, logprob_value, topk_rows
+from presto_client.backends.sglang import SglangAdapter
+from presto_client.backends.vllm import VllmAdapter
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.core.logprob_math import exact_scores
 from presto_client.core.reference import ReferenceModel

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
-from backends.aiohttp_pool import AiohttpPool
-from backends.transport import Transport
-from backends.wire import SSEDecoder
+from presto_client.backends.aiohttp_pool import AiohttpPool
+from presto_client.backends.transport import Transport
+from presto_client.backends.wire import SSEDecoder
 
 BOUND = 24
 REQUESTS = 1000

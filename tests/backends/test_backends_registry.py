@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-import backends
-from backends import EngineSpec, available_backends, create_engine, register_backend
-from backends.openai_compat import OpenAICompatAdapter
-from backends.registry import adapter_class
-from backends.spec import Capabilities
+from presto_client import backends
+from presto_client.backends import EngineSpec, available_backends, create_engine, register_backend
+from presto_client.backends.openai_compat import OpenAICompatAdapter
+from presto_client.backends.registry import adapter_class
+from presto_client.backends.spec import Capabilities
 from presto_client.core.engine_protocol import Engine
 from presto_client.errors import ConfigError
 

@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from backends.pool import ConnectError, ReadError, RemoteProtocolError
-from backends.retry import parse_retry_after
-from backends.transport import Transport
+from presto_client.backends.pool import ConnectError, ReadError, RemoteProtocolError
+from presto_client.backends.retry import parse_retry_after
+from presto_client.backends.transport import Transport
 from presto_client.concurrency import gather_or_fail
 from presto_client.errors import (
     EngineError,
@@ -224,13 +224,13 @@ async def test_a_dropped_connection_is_sent_again_at_once_then_backs_off(
 
     sleeps: list[float] = []
     t = make(handler, sleeps, max_retries=3)
-    with caplog.at_level(logging.DEBUG, logger="backends.transport"):
+    with caplog.at_level(logging.DEBUG, logger="presto_client.backends.transport"):
         assert await t.request_json("POST", "/once", {}, label="p") == {"ok": True}
     assert sleeps == [0.0] and calls == 2
     assert [r.levelno for r in caplog.records if "retrying" in r.message] == [logging.DEBUG]
     calls, sleeps[:] = 0, []
     caplog.clear()
-    with caplog.at_level(logging.DEBUG, logger="backends.transport"):
+    with caplog.at_level(logging.DEBUG, logger="presto_client.backends.transport"):
         assert await t.request_json("POST", "/twice", {}, label="p") == {"ok": True}
     assert sleeps[0] == 0.0 and sleeps[1] > 0 and calls == 3
     levels = [r.levelno for r in caplog.records if "retrying" in r.message]

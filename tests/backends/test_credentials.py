@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends import EngineSpec, create_engine
-from backends.transport import Transport
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.transport import Transport
 from presto_client.errors import ConfigError, EngineError
 from presto_client.urls import redact_text, redact_url, split_userinfo
 from tests.support.memory_pool import Answer, MemoryPool, Sent, text_answer

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from backends import EngineSpec, create_engine
-from backends.gateways import parse_workers, routing_findings
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.gateways import parse_workers, routing_findings
 from presto_client.errors import ProbeError
 from presto_client.orchestration.engines import describe_probe
 from tests.support.emulation import EmulationServer

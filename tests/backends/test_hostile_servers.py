@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from backends.transport import Transport
+from presto_client.backends.transport import Transport
 from presto_client.errors import EngineUnavailableError, InvalidResponseError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

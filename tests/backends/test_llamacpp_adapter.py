@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends import EngineSpec, create_engine
-from backends.llamacpp import (
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.llamacpp import (
     FORCE_BIAS,
     FULL_ROW,
     SEED_MODULUS,
@@ -25,7 +25,7 @@ from backends.llamacpp import (
     held_back_positions,
     request_seed,
 )
-from backends.metrics import prefix_cache_metrics
+from presto_client.backends.metrics import prefix_cache_metrics
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import EngineError, EngineUnavailableError, InvalidResponseError
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
@@ -488,7 +488,7 @@ async def test_without_a_slot_count_the_server_places_requests_itself(
 
     engine = create_engine(_spec(model="m", max_retries=0), pool=MemoryPool(handler))
     try:
-        with caplog.at_level(logging.WARNING, logger="backends.http_engine"):
+        with caplog.at_level(logging.WARNING, logger="presto_client.backends.http_engine"):
             assert (await _streamed(engine, _request(3)))[0] == [5, 6, 7]
             (whole,) = await engine.generate([_request(3)])
     finally:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.pool import ConnectError, ReadTimeout
-from backends.spec import DEFAULT_RESTART_WINDOW_S, EngineSpec
-from backends.transport import Transport
+from presto_client.backends.pool import ConnectError, ReadTimeout
+from presto_client.backends.spec import DEFAULT_RESTART_WINDOW_S, EngineSpec
+from presto_client.backends.transport import Transport
 from presto_client.errors import EngineRequestError, EngineUnavailableError
 from presto_client.orchestration.config import HttpEngineConfig
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer

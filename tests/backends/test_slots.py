@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.slots import SlotPlan, shared_prefix
+from presto_client.backends.slots import SlotPlan, shared_prefix
 
 
 def test_shared_prefix_counts_the_leading_tokens_in_common() -> None:

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from backends.pool import ReadTimeout
-from backends.transport import Transport
+from presto_client.backends.pool import ReadTimeout
+from presto_client.backends.transport import Transport
 from presto_client.errors import EngineUnavailableError
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 
@@ -32,7 +32,7 @@ async def test_read_timeout_names_the_limit_and_retries_give_their_reason(
         start_hint="start it with `python -m vllm...`",
     )
     with (
-        caplog.at_level(logging.WARNING, logger="backends.transport"),
+        caplog.at_level(logging.WARNING, logger="presto_client.backends.transport"),
         pytest.raises(EngineUnavailableError) as info,
     ):
         await t.request_json("POST", "/v1/completions", {}, label="proposal")
@@ -64,7 +64,7 @@ async def test_retry_lines_give_the_http_status(caplog: pytest.LogCaptureFixture
         pool=MemoryPool(handler),
         sleep=sleep,
     )
-    with caplog.at_level(logging.WARNING, logger="backends.transport"):
+    with caplog.at_level(logging.WARNING, logger="presto_client.backends.transport"):
         assert await t.request_json("GET", "/x", label="p") == {"ok": 1}
     await t.aclose()
     (line,) = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]

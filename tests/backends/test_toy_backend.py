@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-import backends.registry
-from backends import EngineSpec, available_backends, create_engine, register_backend
+from presto_client import backends
+from presto_client.backends import EngineSpec, available_backends, create_engine, register_backend
 from presto_client.cli import main as cli_main
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import ConfigError

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backends import EngineSpec, create_engine
+from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import InvalidResponseError
 from presto_client.orchestration.config import JobConfig

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from backends import EngineSpec, create_engine
+from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.engine_protocol import FloatArray, ScoreSpec
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends import EngineSpec, create_engine
-from backends.pool import ConnectError
-from backends.transport import Transport
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.pool import ConnectError
+from presto_client.backends.transport import Transport
 from presto_client.errors import EngineError, EngineUnavailableError
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 

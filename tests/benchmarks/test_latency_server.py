@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from backends import EngineSpec, create_engine
 from benchmarks.latency_server import CostProfile, LatencyServer, ServerThread
+from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from tests.support.emulation import EmulationServer
 

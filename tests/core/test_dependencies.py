@@ -21,12 +21,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("presto_client", "backends")
-FIRST_PARTY = frozenset(PACKAGES)
+"""The source folders of the installed packages (backends/ installs as presto_client.backends)."""
+FIRST_PARTY = frozenset({"presto_client"})
 
 # Files imported only by a user who installed an extra: their module-level imports may come from
 # that extra. Everywhere else a module-level import must be a core dependency, because
 # `import presto_client` / `presto run` reaches it on a plain install.
-EXTRA_OF_FILE = {"presto_client/embedded": "embedded", "presto_client/lm_eval_model.py": "eval"}
+EXTRA_OF_FILE = {
+    "presto_client/embedded": "embedded",
+    "presto_client/lm_eval_model.py": "eval",
+    "presto_client/orchestration/predictor_fit.py": "fit",
+}
 
 
 @dataclass(frozen=True, slots=True)

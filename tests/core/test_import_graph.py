@@ -4,21 +4,12 @@ and those under ``TYPE_CHECKING`` too (a circle hidden in a function is still a 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("presto_client", "backends")
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+from tests.support.layout import module_name, source_files
 
 
 def _graph() -> dict[str, set[str]]:
-    files = {_module_name(f): f for p in PACKAGES for f in sorted((ROOT / p).rglob("*.py"))}
+    files = {module_name(f): f for f in source_files()}
     graph: dict[str, set[str]] = {m: set() for m in files}
     for module, path in files.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = ("presto_client", "backends")
+from tests.support.layout import ROOT, module_file, module_name, source_files
+
+FIRST_PARTY = ("presto_client",)
 
 # The shared leaves below every layer; they import nothing first-party.
 LEAVES = (
@@ -30,13 +31,13 @@ LEAVES = (
 # package's face, not its submodules).
 ALLOWED: dict[str, tuple[str, ...]] = {
     "presto_client/core": ("presto_client.core", "presto_client.errors"),
-    "backends": ("backends", "presto_client.core", *LEAVES),
+    "backends": ("presto_client.backends", "presto_client.core", *LEAVES),
     "presto_client/orchestration": (
         "presto_client.orchestration",
         "presto_client.core",
-        "=backends",
-        "backends.registry",
-        "backends.spec",
+        "=presto_client.backends",
+        "presto_client.backends.registry",
+        "presto_client.backends.spec",
         *LEAVES,
     ),
     "presto_client/reporting": (
@@ -68,21 +69,13 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _is_module(name: str) -> bool:
-    base = ROOT.joinpath(*name.split("."))
-    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+    return module_file(name) is not None
 
 
 def _imports(path: Path) -> list[str]:
     """Every first-party module ``path`` imports."""
-    package = _module_name(path).split(".")
+    package = module_name(path).split(".")
     if path.name != "__init__.py":
         package.pop()
     out: list[str] = []
@@ -144,17 +137,16 @@ def test_a_known_exception_still_exists(file: str, name: str) -> None:
 
 def test_test_doubles_and_benchmarks_are_not_imported_by_the_packages() -> None:
     bad: list[str] = []
-    for package in FIRST_PARTY:
-        for f in sorted((ROOT / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-                names: list[str] = []
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    names = [node.module]
-                bad.extend(
-                    f"{f.relative_to(ROOT)} imports {n}"
-                    for n in names
-                    if n.split(".")[0] in ("tests", "benchmarks")
-                )
+    for f in source_files():
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            bad.extend(
+                f"{f.relative_to(ROOT)} imports {n}"
+                for n in names
+                if n.split(".")[0] in ("tests", "benchmarks", "backends")
+            )
     assert not bad, "\n".join(bad)

@@ -3,19 +3,17 @@ embedded engine aside, a server with its own batching) grows past 600 lines."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from tests.support.layout import ROOT, source_files
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 600
 
 
 def test_no_module_outside_embedded_is_over_600_lines() -> None:
     long = []
-    for package in ("presto_client", "backends"):
-        for path in sorted((ROOT / package).rglob("*.py")):
-            if "embedded" in path.relative_to(ROOT).parts:
-                continue
-            lines = path.read_text(encoding="utf-8").count("\n")
-            if lines > MAX_LINES:
-                long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    for path in source_files():
+        if "embedded" in path.relative_to(ROOT).parts:
+            continue
+        lines = path.read_text(encoding="utf-8").count("\n")
+        if lines > MAX_LINES:
+            long.append(f"{path.relative_to(ROOT)}: {lines} lines")
     assert not long, "split by concept:\n" + "\n".join(long)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from backends import EngineSpec, create_engine
+from presto_client.backends import EngineSpec, create_engine
 
 
 async def test_the_probe_finds_exact_scoring(base_url: str) -> None:

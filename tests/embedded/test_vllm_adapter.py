@@ -8,8 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from backends import EngineSpec, create_engine
-from backends.http_engine import HttpEngine
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.http_engine import HttpEngine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.embedded import SERVED_MODEL_NAME
 

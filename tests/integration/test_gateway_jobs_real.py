@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from gateways import GatewayPair
 
-from backends import EngineSpec, create_engine
+from presto_client.backends import EngineSpec, create_engine
 from presto_client.errors import ProbeError
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.loading import validate_job_config

@@ -19,10 +19,10 @@ import httpx
 import numpy as np
 import pytest
 
-from backends import EngineSpec, create_engine
-from backends.http_engine import HttpEngine
-from backends.llamacpp import parse_completion
-from backends.parsing import TokenLogprobs
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.http_engine import HttpEngine
+from presto_client.backends.llamacpp import parse_completion
+from presto_client.backends.parsing import TokenLogprobs
 from presto_client.core.engine_protocol import ProposalRequest, ScoreRequest, ScoreSpec
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig

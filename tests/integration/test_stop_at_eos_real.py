@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from vllm_servers import VllmServer
 
-from backends import EngineSpec, create_engine
-from backends.http_engine import HttpEngine
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.http_engine import HttpEngine
 from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
 

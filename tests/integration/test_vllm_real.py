@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from vllm_servers import VllmServer
 
-from backends import EngineSpec, create_engine
-from backends.http_engine import HttpEngine
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.http_engine import HttpEngine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreRequest, ScoreSpec
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from orch_helpers import make_config
 
-from backends import EngineSpec, create_engine
+from presto_client.backends import EngineSpec, create_engine
 from presto_client.errors import EngineError
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.prompt_tokens import decode, encode

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from orch_helpers import make_config
 
-from backends import EngineSpec, create_engine
-from backends.http_engine import HttpEngine
-from backends.pool import Reply
-from backends.routing import RoutedEngine
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.http_engine import HttpEngine
+from presto_client.backends.pool import Reply
+from presto_client.backends.routing import RoutedEngine
 from presto_client.errors import ConfigError
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.planned import routing_key

@@ -88,7 +88,7 @@ def test_server_text_caps_the_length_after_escaping() -> None:
 
 
 def test_an_error_body_is_shown_escaped() -> None:
-    from backends.http_errors import body_message
+    from presto_client.backends.http_errors import body_message
 
     body = {"error": {"message": "bad\x1b]0;title\x07\rFAKE LINE\u202e"}}
     shown = body_message(body, "", "application/json", "Bad Request")

@@ -128,7 +128,7 @@ async def test_a_job_on_a_server_gone_down_is_cancelled_at_once(
     await _until(
         lambda: any(r["kind"] == "extend" for r in _records(run_dir)), "a chain's first call"
     )
-    with caplog.at_level(logging.WARNING, logger="backends.transport"):
+    with caplog.at_level(logging.WARNING, logger="presto_client.backends.transport"):
         server.stop()
         await _until(
             lambda: any("restart_window_s" in r.getMessage() for r in caplog.records),

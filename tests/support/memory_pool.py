@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from backends.pool import Reply, ResponseTooLarge
+from presto_client.backends.pool import Reply, ResponseTooLarge
 
 
 @dataclass(frozen=True, slots=True)
