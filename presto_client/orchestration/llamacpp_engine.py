@@ -68,7 +68,8 @@ class ManagedLlamaCppConfig(EngineConfigBase):
         LLAMACPP_SETUP_TIMEOUT_S,
         gt=0,
         description="How long the set-up may take, seconds: the first one builds llama-server "
-        "(about 8 min on two idle cores), later ones find it cached in well under a second.",
+        "(tens of minutes on two busy cores; an interrupted build resumes), later ones find it "
+        "cached in well under a second.",
     )
     top_k: int = Field(defaults.TOP_K, ge=1, description="Top-K raw logprobs requested per token.")
     request_timeout_s: float = Field(

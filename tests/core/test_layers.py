@@ -50,6 +50,13 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         *LEAVES,
     ),
     "presto_client/embedded": ("presto_client.embedded", *LEAVES),
+    # The service is a face beside the CLI: it runs chains through the orchestration.
+    "presto_client/serve": (
+        "presto_client.serve",
+        "presto_client.orchestration",
+        "presto_client.core",
+        *LEAVES,
+    ),
     "presto_client/errors.py": (),
     "presto_client/defaults.py": (),
     "presto_client/urls.py": (),

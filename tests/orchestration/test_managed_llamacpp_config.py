@@ -17,6 +17,7 @@ from presto_client.orchestration import llamacpp_server
 from presto_client.orchestration.config import HttpEngineConfig
 from presto_client.orchestration.engines import start_embedded_servers
 from presto_client.orchestration.llamacpp_engine import ManagedLlamaCppConfig, StartedServerOpener
+from presto_client.orchestration.llamacpp_server import DEFAULT_SETUP_TIMEOUT_S
 from presto_client.orchestration.loading import load_job_config
 from presto_client.orchestration.plan import make_plan
 from presto_client.orchestration.planned import LlamaCppServer
@@ -77,7 +78,7 @@ def test_the_kinds_listed_are_the_ones_a_config_writes(tmp_path: Path) -> None:
 def test_the_plan_starts_its_server_and_opens_it_as_llamacpp(tmp_path: Path) -> None:
     cfg = load(tmp_path, {"kind": "llamacpp", "parallel": 3, "port": 8999, "top_k": 5})
     e = make_plan(cfg, ()).engines["llamacpp"]
-    assert e.server == LlamaCppServer(3, 8999, 120.0, 3600.0, threads=None)
+    assert e.server == LlamaCppServer(3, 8999, 120.0, DEFAULT_SETUP_TIMEOUT_S, threads=None)
     cfg = load(tmp_path, {"kind": "llamacpp", "threads": 1})
     assert make_plan(cfg, ()).engines["llamacpp"].server.threads == 1
     assert e.kind == "llamacpp" and e.probes
