@@ -34,14 +34,11 @@ from presto_client.orchestration.planned import Prompt
 
 progress = logging.getLogger("presto_client.progress")
 
-READY_DIRS = (
-    Path(str(importlib.resources.files("presto_client.configs") / "benchmarks")),
-    Path(str(importlib.resources.files("presto_client.configs"))),
-    Path("configs") / "benchmarks",
-)
-"""Where configs are looked up by name (``presto run math500``, ``presto run demo``): the ready
-benchmark configs and the demo's and examples' configs that presto_client installs (the
-repository's configs/ in a checkout), then the working directory's configs/benchmarks."""
+PACKAGED_CONFIGS = Path(str(importlib.resources.files("presto_client.configs")))
+"""The configs presto_client installs (the repository's configs/ in a checkout)."""
+READY_DIRS = (PACKAGED_CONFIGS / "benchmarks", Path("configs") / "benchmarks")
+"""Where ready benchmark configs are looked up by name (``presto run math500``): the installed
+ones, then the working directory's configs/benchmarks."""
 
 
 def ready_configs() -> dict[str, Path]:
@@ -62,6 +59,9 @@ def resolve_config(name: str) -> Path:
     ready = ready_configs()
     if name in ready:
         return ready[name]
+    packaged = PACKAGED_CONFIGS / f"{name}.yaml"
+    if "/" not in name and packaged.is_file():  # the demo's and the examples' (presto run demo)
+        return packaged
     if path.suffix or "/" in name:
         return path  # (a path: the loader says it does not exist)
     raise ConfigError(

@@ -11,6 +11,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.support.layout import ROOT
 
 
@@ -60,3 +62,13 @@ def test_the_wheel_holds_the_namespace_the_configs_and_the_scripts(tmp_path: Pat
         "presto_client/scripts/lib.sh",
     ):
         assert needed in names, needed
+
+
+def test_the_demo_is_found_by_name_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from presto_client.cli_quick_run import resolve_config
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the installed ones are used
+    assert resolve_config("demo").name == "demo.yaml" and resolve_config("demo").is_file()
+    assert resolve_config("math500").name == "math500.yaml"
