@@ -369,6 +369,7 @@ def stop_ratios(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
             every = [b for b in blocks if b.sampler == sampler and b.arm == arm.name]
             stops = {b.prompt: b for b in blocks if b.sampler == sampler and b.arm == arm.stop_twin}
             wall, calls, tokens, blocks_every, blocks_stop = [], [], [], [], []
+            pooled = [0.0, 0.0]
             for b in every:
                 ref = stops.get(b.prompt)
                 if ref is None:
@@ -380,6 +381,8 @@ def stop_ratios(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
                     sum(b.chains[i]["wall_s"] for i in ok)
                     / max(sum(ref.chains[i]["wall_s"] for i in ok), 1e-9)
                 )
+                pooled[0] += sum(b.chains[i]["wall_s"] for i in ok)
+                pooled[1] += sum(ref.chains[i]["wall_s"] for i in ok)
                 calls.append(
                     _paired(b.chains, "model_call_time_s", ok)
                     / max(_paired(ref.chains, "model_call_time_s", ok), 1e-9)
@@ -396,6 +399,8 @@ def stop_ratios(blocks: list[Block], arms: list[Arm]) -> list[dict[str, Any]]:
                         "sampler": sampler,
                         "arm": arm.stop_twin,
                         "ratio_wall": _med_range(wall),
+                        "ratio_wall_pooled": pooled[0] / max(pooled[1], 1e-9),
+                        "prompts": len(wall),
                         "ratio_calls": _med_range(calls),
                         "ratio_tokens": _med_range(tokens),
                         "blocks_every": statistics.mean(blocks_every),
@@ -447,15 +452,16 @@ def markdown_stop(ratios: list[dict[str, Any]]) -> str:
     if not ratios:
         return ""
     lines = [
-        "| sampler | arm | every block / stop at EOS: end to end | model-call time | tokens "
-        "| blocks run (every / stop) |",
-        "|---|---|---|---|---|---|",
+        "| sampler | arm | every block / stop at EOS: end to end | pooled | model-call time "
+        "| tokens | blocks run (every / stop) | prompts |",
+        "|---|---|---|---:|---|---|---|---:|",
     ]
     for r in ratios:
         lines.append(
             f"| {r['sampler']} | {r['arm']} | {_fmt_range(r['ratio_wall'])} "
+            f"| {r.get('ratio_wall_pooled', float('nan')):.2f}x "
             f"| {_fmt_range(r['ratio_calls'])} | {_fmt_range(r['ratio_tokens'])} "
-            f"| {r['blocks_every']:.1f} / {r['blocks_stop']:.1f} |"
+            f"| {r['blocks_every']:.1f} / {r['blocks_stop']:.1f} | {r.get('prompts', '')} |"
         )
     return "\n".join(lines) + "\n"
 
