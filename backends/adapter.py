@@ -260,14 +260,23 @@ class Adapter:
         return [HttpCall(path, payload, "tokenize") for path in self.tokenize_paths]
 
     def build_tokenize_messages(
-        self, messages: Sequence[Mapping[str, str]], model: str | None
+        self,
+        messages: Sequence[Mapping[str, str]],
+        model: str | None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[HttpCall]:
         """Calls that tokenize a conversation (``role``/``content`` turns) through the model's
-        chat template, ending with the prompt for the assistant's next turn."""
+        chat template, ending with the prompt for the assistant's next turn (or, with
+        ``add_generation_prompt=False``, with the last turn closed; with
+        ``continue_final_message``, with the last turn left open: vLLM's fields)."""
         payload: dict[str, Any] = {
             "messages": [dict(m) for m in messages],
-            "add_generation_prompt": True,
+            "add_generation_prompt": add_generation_prompt,
         }
+        if continue_final_message:
+            payload["continue_final_message"] = True
         if model is not None:
             payload = {"model": model, **payload}
         return [HttpCall(path, payload, "tokenize") for path in self.tokenize_paths]

@@ -437,9 +437,21 @@ class HttpEngine(ProbeMixin, StreamMixin):
         except InvalidResponseError as exc:
             raise InvalidResponseError(str(exc), engine=self.name) from None
 
-    async def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
-        """Token ids of a conversation through the served model's chat template."""
-        calls = self.adapter.build_tokenize_messages(messages, await self.model())
+    async def tokenize_messages(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> tuple[int, ...]:
+        """Token ids of a conversation through the served model's chat template (by default
+        ending with the prompt for the assistant's next turn)."""
+        calls = self.adapter.build_tokenize_messages(
+            messages,
+            await self.model(),
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
         body = await self._tokenizer_answer(calls)
         try:
             return self.adapter.parse_tokenize(body)

@@ -476,9 +476,18 @@ class LlamaCppAdapter(Adapter):
         return [HttpCall("/tokenize", payload, "tokenize")]
 
     def build_tokenize_messages(
-        self, messages: Sequence[Mapping[str, str]], model: str | None
+        self,
+        messages: Sequence[Mapping[str, str]],
+        model: str | None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[HttpCall]:
-        payload = {"messages": [dict(m) for m in messages], "add_generation_prompt": True}
+        # (/apply-template has no continue_final_message: a final turn is rendered closed)
+        payload = {
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+        }
         return [HttpCall("/apply-template", payload, "chat template")]
 
     def tokenize_next(self, body: Any) -> list[HttpCall] | None:

@@ -28,6 +28,7 @@ from presto_client.core.engine_protocol import (
 )
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
+from presto_client.orchestration.eos_discovery import discover_eos_token_id
 from presto_client.orchestration.planned import (
     EmbeddedServer,
     JobPlan,
@@ -296,6 +297,17 @@ def probe_job(plan: JobPlan) -> list[str]:
                     lines.append(f"  {name}: ok (in-process)")
                 for report in handle.probes:
                     lines.extend(describe_probe(name, report))
+                if (
+                    handle.takes_text
+                    and handle.replicas
+                    and plan.engines[name].eos_token_id is None
+                ):
+                    eos, why = await discover_eos_token_id(handle.replicas[0])
+                    lines.append(
+                        f"  {name}: EOS token {eos}, from the server's chat template"
+                        if eos is not None
+                        else f"  {name}: no EOS token known ({why}); set engines[].eos_token_id"
+                    )
         return lines
 
     with contextlib.ExitStack() as stack:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.core.engine_protocol import Engine
+from presto_client.core.settings import SamplerConfig
 from presto_client.core.stats import RoundRecord, TransitionRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines import (
@@ -35,6 +37,7 @@ from presto_client.orchestration.engines import (
     read_prefix_cache_counters,
     start_embedded_servers,
 )
+from presto_client.orchestration.eos_discovery import EOS_IDENTITY_KEY, resolve_eos_token_ids
 from presto_client.orchestration.executor import ChainExecutor, open_executor
 from presto_client.orchestration.orchestrator import (
     ChainOutcome,
@@ -47,7 +50,7 @@ from presto_client.orchestration.orchestrator import (
 from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_key
 from presto_client.orchestration.prompt_tokens import decode, encode, encode_messages
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
-from presto_client.orchestration.rundir import RunDir, check_output_dir
+from presto_client.orchestration.rundir import ENGINE_IDENTITY, RunDir, check_output_dir
 from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
 
 logger = logging.getLogger(__name__)
@@ -198,6 +201,39 @@ async def _tokenized_prompts(
     return out
 
 
+async def _discovered_eos(
+    plan: JobPlan, run: RunDir, engines: Mapping[str, OpenedEngine]
+) -> dict[str, int | None]:
+    """The EOS of each opened text engine whose config gives none while the stop rule is on:
+    the one ``run.json`` recorded where chains already finished on it (none recorded: none),
+    else the server's chat template's (:mod:`.eos_discovery`)."""
+    wanted = [
+        name
+        for name, handle in engines.items()
+        if handle.takes_text
+        and handle.replicas
+        and plan.engines[name].eos_token_id is None
+        and plan.samplers[name].stop_at_eos
+    ]
+    if not wanted:
+        return {}
+    stored = run.run_info().get(ENGINE_IDENTITY, {})
+    ran = {str(row.get("engine")) for row in run.finished.values()}
+    recorded = {
+        name: (stored.get(name) or {}).get(EOS_IDENTITY_KEY) for name in wanted if name in ran
+    }
+    return await resolve_eos_token_ids(
+        wanted, {n: engines[n].replicas[0] for n in wanted}, recorded
+    )
+
+
+def _with_eos(sampler: SamplerConfig, eos: int | None) -> SamplerConfig:
+    """``sampler`` with the engine's discovered EOS (the config's, where it gives one, wins)."""
+    if eos is None or sampler.eos_token_id is not None:
+        return sampler
+    return dataclasses.replace(sampler, eos_token_id=eos)
+
+
 def write_summary(run: RunDir, plan: JobPlan) -> dict[str, Any]:
     summary = summarize(
         run.samples(), run.metrics(), job=plan.settings.name, engine_order=list(plan.engines)
@@ -298,7 +334,12 @@ async def _run_chains(
                 engines[name] = OpenedEngine.of(
                     plan.engines[name], replicas, settings.max_concurrency
                 )
-        run.record_engine_identity(await engine_identities(engines))
+        identities = await engine_identities(engines)
+        discovered = await _discovered_eos(plan, run, engines)
+        for name, eos in discovered.items():  # (fixed for the whole job, recorded in run.json)
+            identities.setdefault(name, {})[EOS_IDENTITY_KEY] = eos
+            engines[name].eos_token_id = eos
+        run.record_engine_identity(identities)
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
         check_lengths(plan, engines, prompt_ids)
@@ -309,7 +350,9 @@ async def _run_chains(
                 arm=c.arm.arm,
                 engine=c.arm.engine,
                 traversal=c.arm.traversal,
-                sampler=c.sampler or plan.samplers[c.arm.engine],
+                sampler=_with_eos(
+                    c.sampler or plan.samplers[c.arm.engine], discovered.get(c.arm.engine)
+                ),
                 prompt_index=c.prompt_index,
                 chain_index=c.chain_index,
                 seed=c.seed,

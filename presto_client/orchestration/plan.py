@@ -215,7 +215,13 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
     )
     if s.stop_at_eos:
         for e in plan.engines.values():
-            if e.eos_token_id is None:
+            if e.eos_token_id is None and e.takes_text:
+                lines.append(
+                    f"  engine {e.name}: no eos_token_id in the config: its EOS is asked of the "
+                    "server's chat template before any chain runs (where the server cannot "
+                    "tell, its chains run every block; engines[].eos_token_id sets it)"
+                )
+            elif e.eos_token_id is None:
                 lines.append(
                     f"  engine {e.name}: no EOS token known, so its chains run every block "
                     f"(set engines[].eos_token_id to stop at the end of an answer)"

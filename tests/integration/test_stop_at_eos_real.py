@@ -3,20 +3,29 @@
 SmolLM2-135M-Instruct ends a short answer with ``<|im_end|>`` (id 2) within a few dozen tokens;
 with a budget of 8 blocks of 16 tokens the chains stop after the block whose state holds it,
 and the ``stream`` chain, which speculates the next block's extension while a block's last
-transitions run, stops at the same block with the same tokens as the sequential chain.
+transitions run, stops at the same block with the same tokens as the sequential chain. A job
+whose config gives no ``eos_token_id`` finds ``<|im_end|>`` in the server's chat template
+before any chain runs, records it in ``run.json`` and stops there all the same.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from vllm_servers import VllmServer
 
 from presto_client.backends import EngineSpec, create_engine
 from presto_client.backends.http_engine import HttpEngine
 from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
+from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.loading import load_job_config, load_prompts
+from presto_client.orchestration.plan import make_plan
+from presto_client.orchestration.rundir import read_jsonl
 
 IM_END = 2  # SmolLM2's <|im_end|>
 QUESTIONS = ["Say hello in three words.", "Explain in two sentences why the sky is blue."]
@@ -70,6 +79,56 @@ async def test_vllm_chains_stop_at_the_models_eos(vllm_raw_server: VllmServer) -
         print("\n" + "\n".join(await _check_stops_and_replays(eng)))
     finally:
         await eng.aclose()
+
+
+@pytest.mark.vllm
+async def test_vllm_job_without_eos_token_id_stops_at_the_chat_templates_eos(
+    vllm_raw_server: VllmServer, tmp_path: Path
+) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [
+                    {
+                        "kind": "vllm",
+                        "name": "vllm",
+                        "base_url": vllm_raw_server.base_url,
+                        "model": vllm_raw_server.model,
+                        "logprob_mode": "raw",
+                        "request_timeout_s": 600.0,
+                        "max_concurrency": 16,
+                    }
+                ],
+                "prompts": {"texts": QUESTIONS, "chat_template": True},
+                "sampler": {
+                    "alpha": 4.0,
+                    "block_size": 16,
+                    "num_blocks": 8,
+                    "steps_per_block": 3,
+                    "traversals": ["sequential"],
+                },
+                "seed": 3,
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    cfg = load_job_config(config)
+    assert cfg.engines[0].eos_token_id is None
+    plan = make_plan(cfg, load_prompts(cfg))
+    result = await run_job_async(plan)
+    assert result.completed == len(QUESTIONS) and result.failed == 0
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["engine_identity"]["vllm"]["eos_token_id"] == IM_END
+    rows = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    stopped = [r for r in rows if r["stats"]["stopped_at_eos"]]
+    assert stopped, [r["stats"]["blocks_run"] for r in rows]
+    for r in stopped:
+        assert r["token_ids"][-1] == IM_END and IM_END not in r["token_ids"][:-1]
+        assert r["stats"]["blocks_run"] < 8
+    print(
+        "\n" + "\n".join(f"{r['chain_id']}: {r['stats']['blocks_run']} of 8 blocks" for r in rows)
+    )
 
 
 @pytest.mark.llamacpp

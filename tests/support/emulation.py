@@ -161,6 +161,7 @@ class EmulationServer:
         max_model_len: int = 1024,
         masked_token_ids: Sequence[int] = (),
         tokenizer: bool = False,
+        end_of_turn_token_id: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -178,6 +179,10 @@ class EmulationServer:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
+        self.end_of_turn_token_id = end_of_turn_token_id
+        """With one, ``/tokenize`` renders messages through a chat template that closes each
+        turn with this token (``add_generation_prompt``, ``continue_final_message`` honoured);
+        without one, as ``role: content`` lines whatever the fields say (no template)."""
         self.faults = Faults()
         self.stats = Stats()
         self._cache_blocks: set[tuple[int, ...]] = set()
@@ -365,6 +370,9 @@ class EmulationServer:
         """vLLM's ``/tokenize`` over a toy tokenizer: one token per UTF-8 byte (mod the
         vocabulary) of the prompt, or of a chat request's turns as ``role: content`` lines."""
         messages = body.get("messages")
+        if isinstance(messages, list) and self.end_of_turn_token_id is not None:
+            tokens = self._chat_template(messages, body)
+            return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
         if isinstance(messages, list):
             text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages)
         elif isinstance(body.get("prompt"), str):
@@ -373,6 +381,32 @@ class EmulationServer:
             raise BadRequest("give a prompt or messages", param="prompt")
         tokens = [b % self.vocab_size for b in text.encode()]
         return {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
+
+    def _chat_template(self, messages: list[Any], body: dict[str, Any]) -> list[int]:
+        """A toy chat template: each turn ``role: content`` bytes then the end-of-turn token;
+        ``add_generation_prompt`` adds ``assistant: ``; ``continue_final_message`` leaves the
+        last turn open (vLLM's 400 with both)."""
+        eot = self.end_of_turn_token_id
+        assert eot is not None
+        generation = bool(body.get("add_generation_prompt", True))
+        open_last = bool(body.get("continue_final_message", False))
+        if generation and open_last:
+            raise BadRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                param="continue_final_message",
+            )
+
+        def text_ids(text: str) -> list[int]:
+            return [b % self.vocab_size for b in text.encode()]
+
+        tokens: list[int] = []
+        for i, m in enumerate(messages):
+            tokens += text_ids(f"{m.get('role')}: {m.get('content')}")
+            if not (open_last and i == len(messages) - 1):
+                tokens.append(eot)
+        if generation:
+            tokens += text_ids("assistant: ")
+        return tokens
 
     def vllm_detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         tokens = body.get("tokens")
