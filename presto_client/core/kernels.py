@@ -494,9 +494,16 @@ class _MultiTryBound(RejectionBound):
         return np.exp(log_b - shift), math.exp(-shift)
 
     def upper(self) -> float:
-        b, one = self._corner()
-        total = float(b.sum())
-        return max(min(0.0, math.log(total) - math.log(total - float(bj) + one)) for bj in b)
+        """The largest ``log A = log W − log(W − w_J + 1)`` over the selections ``J`` at the
+        upper corner, in log space: a dominant weight underflows ``1`` and ``W − w_J`` in the
+        linear form (a log of 0)."""
+        log_b = self._log_weight_upper()
+        log_total = float(np.logaddexp.reduce(log_b))
+        best = -math.inf
+        for j in range(len(log_b)):
+            rest = np.append(np.delete(log_b, j), 0.0)  # the other weights and the 1
+            best = max(best, min(0.0, log_total - float(np.logaddexp.reduce(rest))))
+        return best
 
     def rejects(self) -> bool:
         log_b = self._log_weight_upper()

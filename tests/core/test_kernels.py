@@ -262,3 +262,21 @@ def test_multi_try_selects_among_weights_far_below_the_current_state() -> None:
         j = int(np.searchsorted(np.cumsum(w), u_sel * w.sum(), side="right"))
         assert verdict.decided and verdict.selected == j
         assert not verdict.accepted  # A = W/(W - w_J + 1) ~ e^-1200
+
+
+def test_the_multi_try_rejection_bound_survives_a_dominant_weight() -> None:
+    """``upper()`` in log space: with one weight ~e^800 the linear form's ``1`` underflowed and
+    ``log(W − w_J + 1)`` was a log of 0 (a crash of a MultiTryMH stream chain); on ordinary
+    weights it is the linear formula."""
+    from presto_client.core.kernels import _MultiTryBound
+
+    bound = object.__new__(_MultiTryBound)
+    for values in ([800.0, -5.0, -5.0, -5.0], [-900.0, -800.0]):
+        weights = np.array(values)
+        bound._log_weight_upper = lambda w=weights: w  # type: ignore[method-assign]
+        assert math.isfinite(bound.upper()) and bound.upper() <= 0.0
+    log_b = [-3.0, -4.0, -2.0]
+    bound._log_weight_upper = lambda: np.array(log_b)  # type: ignore[method-assign]
+    total = sum(math.exp(x) for x in log_b)
+    linear = max(min(0.0, math.log(total) - math.log(total - math.exp(x) + 1)) for x in log_b)
+    assert bound.upper() == pytest.approx(linear, abs=1e-12)
