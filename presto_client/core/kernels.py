@@ -499,11 +499,8 @@ class _MultiTryBound(RejectionBound):
         linear form (a log of 0)."""
         log_b = self._log_weight_upper()
         log_total = float(np.logaddexp.reduce(log_b))
-        best = -math.inf
-        for j in range(len(log_b)):
-            rest = np.append(np.delete(log_b, j), 0.0)  # the other weights and the 1
-            best = max(best, min(0.0, log_total - float(np.logaddexp.reduce(rest))))
-        return best
+        rests = [np.append(np.delete(log_b, j), 0.0) for j in range(len(log_b))]  # others, 1
+        return max(min(0.0, log_total - float(np.logaddexp.reduce(r))) for r in rests)
 
     def rejects(self) -> bool:
         log_b = self._log_weight_upper()

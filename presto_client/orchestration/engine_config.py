@@ -17,11 +17,8 @@ else switches on engine kinds. HTTP kinds are the backends' registry, never rest
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 from urllib.parse import urlsplit
 
@@ -42,12 +39,10 @@ from presto_client.backends.registry import (
     BUILTIN_BACKENDS,
     adapter_class,
     available_backends,
-    create_engine,
 )
 from presto_client.backends.spec import EngineSpec
-from presto_client.core.reference import ReferenceEngine, ReferenceModel, SimulatedLatencyEngine
 from presto_client.core.speculation import DEFAULT_TOLERANCE
-from presto_client.errors import ConfigError
+from presto_client.orchestration.engine_openers import EmbeddedOpener, HttpOpener, ReferenceOpener
 from presto_client.orchestration.planned import EmbeddedServer, PlannedEngine, ReplicaOpener
 from presto_client.urls import redact_url, split_userinfo
 
@@ -348,31 +343,6 @@ class HttpEngineConfig(EngineConfigBase):
         return HttpOpener(spec, self.api_key_env, index)
 
 
-@dataclass(frozen=True, slots=True)
-class HttpOpener:
-    """Opens one HTTP engine per replica URL; the API key is read from the environment only
-    then (a config names the variable, never the key)."""
-
-    spec: EngineSpec
-    api_key_env: str | None
-    index: int
-
-    def _api_key(self) -> str | None:
-        if self.api_key_env is None:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"engines[{self.index}].api_key_env: environment variable {self.api_key_env} "
-                f"is not set; export {self.api_key_env}=... before running"
-            )
-        return key
-
-    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
-        spec = dataclasses.replace(self.spec, api_key=self._api_key())
-        return [create_engine(spec, i) for i in range(len(spec.base_urls))]
-
-
 class EmbeddedEngineConfig(EngineConfigBase):
     """The embedded CPU server (SmolLM2-135M, vLLM dialect on loopback), started by presto."""
 
@@ -414,30 +384,6 @@ class EmbeddedEngineConfig(EngineConfigBase):
         return EmbeddedOpener(
             str(self.name), self.top_k, self.max_concurrency, self.request_timeout_s
         )
-
-
-@dataclass(frozen=True, slots=True)
-class EmbeddedOpener:
-    """Opens the vLLM-dialect engine of an embedded server started for the job."""
-
-    name: str
-    top_k: int
-    max_concurrency: int
-    request_timeout_s: float
-
-    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
-        if self.name not in embedded_urls:
-            raise ConfigError(f"engine {self.name}: the embedded server was not started")
-        spec = EngineSpec(
-            kind="vllm",
-            base_urls=(embedded_urls[self.name],),
-            top_k=self.top_k,
-            max_concurrency=self.max_concurrency,
-            request_timeout_s=self.request_timeout_s,
-            name=self.name,
-            vocab_size=defaults.EMBEDDED_VOCAB_SIZE,
-        )
-        return [create_engine(spec, 0)]
 
 
 MANAGED_LLAMACPP_TAG = "llamacpp-managed"
@@ -487,32 +433,6 @@ class ReferenceEngineConfig(EngineConfigBase):
             self.latency_s,
             self.token_latency_s,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ReferenceOpener:
-    """Makes the in-process reference engine (one replica)."""
-
-    name: str
-    vocab_size: int
-    model_seed: int
-    logit_scale: float
-    eos_token_id: int | None
-    top_k: int | None
-    latency_s: float
-    token_latency_s: float
-
-    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
-        model = ReferenceModel(
-            self.vocab_size,
-            seed=self.model_seed,
-            logit_scale=self.logit_scale,
-            eos_token_id=self.eos_token_id,
-        )
-        engine: Any = ReferenceEngine(model, top_k=self.top_k, name=self.name)
-        if self.latency_s or self.token_latency_s:
-            engine = SimulatedLatencyEngine(engine, self.latency_s, self.token_latency_s)
-        return [engine]
 
 
 def _engine_tag(value: Any) -> str | None:
