@@ -40,6 +40,7 @@ from presto_client.orchestration.engines import (
     engine_identities,
     open_engines,
 )
+from presto_client.orchestration.eos_discovery import discover_eos_token_id
 from presto_client.orchestration.orchestrator import EnginePool, FifoSemaphore, LimitedEngine
 from presto_client.orchestration.plan import chain_seed, make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
@@ -134,7 +135,22 @@ class ServedEngine:
             )
             handle = opened[name]
         identities = await engine_identities({name: handle})
-        return cls(cfg, handle, identities.get(name, {}))
+        served = cls(cfg, handle, identities.get(name, {}))
+        if served.eos_token_id is None and cfg.sampler.stop_at_eos and handle.takes_text:
+            # As a job does: the server's end-of-turn token, asked once before any request.
+            served.eos_token_id, why = await discover_eos_token_id(handle.replicas[0])
+            if served.eos_token_id is None:
+                logger.warning(
+                    "engine %s: no EOS token known (%s): answers run to max_tokens; set "
+                    "engines[].eos_token_id to stop at the end of an answer",
+                    name,
+                    why,
+                )
+            else:
+                logger.info(
+                    "engine %s: EOS token %d, from its chat template", name, served.eos_token_id
+                )
+        return served
 
     # ---- what the engine can do
 

@@ -281,3 +281,29 @@ def test_an_answer_that_ends_at_eos_leaves_the_eos_text_out(tmp_path: Path, emul
         if ended:
             break
     assert ended > 0
+
+
+def test_a_served_engine_without_an_eos_in_its_config_stops_at_its_chat_templates(
+    tmp_path: Path,
+) -> None:
+    """``presto serve`` asks the server for its end-of-turn token as a job does, so answers
+    end at it (``finish_reason: stop``) without ``eos_token_id`` in the config."""
+    with EmulationServer(
+        "vllm", vocab_size=32, tokenizer=True, max_model_len=256, end_of_turn_token_id=2
+    ) as server:
+        data = _http_job(tmp_path / "run", server.base_url, prompts={"texts": ["x"]})
+        data["sampler"].update(block_size=4, num_blocks=16)
+        config = write_config(tmp_path / "job.yaml", data)
+        with ServiceThread(load(config)) as service:
+            assert service.running is not None
+            assert service.running.service.engine.eos_token_id == 2
+            client = openai.OpenAI(base_url=service.v1, api_key="unused")
+            answer = client.completions.create(model="emu", prompt="power", n=6, seed=1)
+            every = client.completions.create(
+                model="emu", prompt="power", n=6, seed=1, extra_body={"stop_at_eos": False}
+            )
+    ended = [c for c in answer.choices if c.finish_reason == "stop"]
+    assert ended and all(c.model_extra["token_ids"][-1] == 2 for c in ended)
+    assert (
+        answer.usage.model_extra["tokens_generated"] < every.usage.model_extra["tokens_generated"]
+    )
