@@ -170,11 +170,16 @@ class ChainRunner:
     def _result(self, state: ChainState) -> ChainResult:
         """The chain's result: its response truncated after the first EOS."""
         full = state.token_ids
-        eos_at = first_eos(state, self.config.eos_token_id)
-        final = full if eos_at is None else full[: eos_at + 1]
+        final = self._truncated(state)
         self.stats.response_tokens = len(final)
         self.stats.record_final_response(state.response.slice(0, len(final)))
         return ChainResult(state.prompt, final, full, state, self.stats, self.transitions)
+
+    def _truncated(self, state: ChainState) -> tuple[int, ...]:
+        """The state's response, truncated after its first EOS."""
+        full = state.token_ids
+        eos_at = first_eos(state, self.config.eos_token_id)
+        return full if eos_at is None else full[: eos_at + 1]
 
     async def _run_block(self, state: ChainState, block: int) -> ChainState:
         """One block: its extension, then its ``K`` transitions (:meth:`_advance`)."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback, first_eos
+from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.state import ChainState
@@ -51,6 +51,8 @@ class SampleSetRunner(ChainRunner):
 
     temperature_is_tau = False
     """Sample at the proposal temperature ``τ`` (Power-SMC) rather than at 1 (the base model)."""
+    keeps_alternatives = False
+    """Whether the other samples travel with the answer (:attr:`ChainResult.alternatives`)."""
 
     def __init__(
         self,
@@ -132,14 +134,6 @@ class SampleSetRunner(ChainRunner):
             else ()
         )
         return result
-
-    keeps_alternatives = False
-    """Whether the other samples travel with the answer (:attr:`ChainResult.alternatives`)."""
-
-    def _truncated(self, state: ChainState) -> tuple[int, ...]:
-        full = state.token_ids
-        at = first_eos(state, self.config.eos_token_id)
-        return full if at is None else full[: at + 1]
 
     def _log_increment(self, extension: ScoredTokens) -> float:
         return 0.0

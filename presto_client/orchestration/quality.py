@@ -52,14 +52,9 @@ class ChainGrader:
         grades = [first] + [
             self._grade_one(prompt_index, t, ids, reference) for t, ids in alternatives
         ]
-        votes: dict[str, list[dict[str, Any]]] = {}
-        for g in grades:
-            extracted = g.get("extracted")
-            if extracted is not None:
-                votes.setdefault(str(extracted), []).append(g)
-        if not votes:
+        winner = majority(grades)
+        if not winner:
             return {**first, "votes": 0, "n": len(grades)}
-        winner = max(votes.values(), key=len)  # max keeps the first of equals
         return {
             "correct": bool(winner[0].get("correct")),
             "extracted": winner[0].get("extracted"),
@@ -144,6 +139,16 @@ def quality_summary(
     return out
 
 
+def majority(grades: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The grades of the most frequent extracted answer (a tie goes to the answer seen first;
+    a grade that extracted nothing does not vote); empty when none extracted anything."""
+    votes: dict[str, list[Mapping[str, Any]]] = {}
+    for grade in grades:
+        if grade.get("extracted") is not None:
+            votes.setdefault(str(grade["extracted"]), []).append(grade)
+    return max(votes.values(), key=len) if votes else []  # max keeps the first of equals
+
+
 def _majority_over_chains(by_key: Mapping[tuple[int, int], Mapping[str, Any]]) -> dict[str, Any]:
     """maj@k over the chains of each prompt: the share of prompts whose most frequent extracted
     answer among their chains is correct (a tie goes to the answer of the lowest chain index;
@@ -156,12 +161,9 @@ def _majority_over_chains(by_key: Mapping[tuple[int, int], Mapping[str, Any]]) -
     for chains in prompts.values():
         chains.sort(key=lambda item: item[0])
         k = max(k, len(chains))
-        votes: dict[str, list[Mapping[str, Any]]] = {}
-        for _, grade in chains:
-            if grade.get("extracted") is not None:
-                votes.setdefault(str(grade["extracted"]), []).append(grade)
-        if votes:
-            right += bool(max(votes.values(), key=len)[0].get("correct"))
+        winner = majority([grade for _, grade in chains])
+        if winner:
+            right += bool(winner[0].get("correct"))
     return {"k": k, "accuracy": right / len(prompts) if prompts else None}
 
 

@@ -161,18 +161,28 @@ def extension_law(
     return out
 
 
+def _next_block(
+    model: ReferenceModel,
+    prompt: Sequence[int],
+    law: FloatArray,
+    length: int,
+    config: SamplerConfig,
+) -> tuple[FloatArray, int]:
+    """A law over responses of ``length`` pushed through one block: its extension, then its
+    ``K`` transitions; returns the new law and length."""
+    law = extension_law(model, prompt, law, length, config.block_size, config.proposal_temperature)
+    length += config.block_size
+    matrix = kernel_matrix(model, prompt, length, config)
+    for _ in range(config.steps_per_block):
+        law = law @ matrix
+    return law, length
+
+
 def law_after(model: ReferenceModel, prompt: Sequence[int], config: SamplerConfig) -> FloatArray:
     """The exact law of a chain's full response after every block and its ``K`` transitions."""
-    law = np.ones(1)
-    length = 0
+    law, length = np.ones(1), 0
     for _ in range(config.num_blocks):
-        law = extension_law(
-            model, prompt, law, length, config.block_size, config.proposal_temperature
-        )
-        length += config.block_size
-        matrix = kernel_matrix(model, prompt, length, config)
-        for _ in range(config.steps_per_block):
-            law = law @ matrix
+        law, length = _next_block(model, prompt, law, length, config)
     return law
 
 
@@ -187,16 +197,9 @@ def law_with_stop(
     if eos is None or not config.stop_at_eos:
         raise ValueError("the stop rule needs an eos_token_id and stop_at_eos")
     outcomes: dict[tuple[int, ...], float] = {}
-    law = np.ones(1)
-    length = 0
+    law, length = np.ones(1), 0
     for block in range(config.num_blocks):
-        law = extension_law(
-            model, prompt, law, length, config.block_size, config.proposal_temperature
-        )
-        length += config.block_size
-        matrix = kernel_matrix(model, prompt, length, config)
-        for _ in range(config.steps_per_block):
-            law = law @ matrix
+        law, length = _next_block(model, prompt, law, length, config)
         last = block + 1 == config.num_blocks
         for i, x in enumerate(all_sequences(model.vocab_size, length)):
             if law[i] > 0 and (last or eos in x):
