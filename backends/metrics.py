@@ -45,6 +45,10 @@ def counter(samples: dict[str, float], name: str) -> float | None:
     return None
 
 
+PROCESS_START_METRIC = "process_start_time_seconds"
+"""The server process's start time (Unix seconds) in the standard Prometheus exposition."""
+
+
 def prefix_cache_metrics(
     text: str, names: tuple[str, str] | None, *, queries_exclude_hits: bool = False
 ) -> dict[str, float]:
@@ -57,6 +61,13 @@ def prefix_cache_metrics(
     out: dict[str, float] = {}
     if names is None:
         return out
+    # prometheus_client's process collector (vLLM, SGLang, the embedded engine): the counters
+    # below restart from zero with the process, so a change of this value between two readings
+    # says the server restarted in between, even when its counters have since grown past the
+    # first reading (then "after minus before" would be a plausible but meaningless number).
+    started = samples.get(PROCESS_START_METRIC)
+    if started is not None:
+        out["process_start_time"] = started
     queries = counter(samples, names[0])
     hits = counter(samples, names[1])
     if queries_exclude_hits and queries is not None:

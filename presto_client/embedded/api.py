@@ -385,6 +385,14 @@ class EmbeddedApp:
             "Model forward passes (prefills and batched decode steps).",
             [("", s.forward_passes)],
         )
+        # As prometheus_client's process collector writes it (no labels): a client tells a
+        # restart from it, since the counters above restart from zero with the server.
+        lines.append(
+            "# HELP process_start_time_seconds Start time of the process since unix epoch "
+            "in seconds."
+        )
+        lines.append("# TYPE process_start_time_seconds gauge")
+        lines.append(f"process_start_time_seconds {float(self.started)}")
         return "\n".join(lines) + "\n"
 
     def check_model(self, body: dict[str, Any]) -> None:

@@ -187,9 +187,11 @@ bound while its connection is retried (the counters are a by-product, not worth 
 
 async def read_prefix_cache_counters(
     handle: OpenedEngine, *, timeout_s: float = METRICS_TIMEOUT_S
-) -> dict[str, float] | None:
-    """The engine's prefix-cache counters summed over its replicas (read concurrently, within
-    ``timeout_s`` in all); ``None`` when a replica has none or does not answer in time."""
+) -> list[dict[str, float]] | None:
+    """The engine's prefix-cache counters, one reading per replica (read concurrently, within
+    ``timeout_s`` in all; with the server's start time where it exposes one); ``None`` when a
+    replica has none or does not answer in time. Per replica, because a restart is told and
+    accounted for replica by replica (``summary.prefix_cache_delta``)."""
     replicas: list[PrefixCacheMetered] = []
     for r in handle.replicas:
         if not isinstance(r, PrefixCacheMetered):
@@ -206,13 +208,13 @@ async def read_prefix_cache_counters(
     except Exception as exc:
         logger.info("engine %s: no metrics (%s)", handle.name, exc)
         return None
-    total: dict[str, float] = {}
+    out: list[dict[str, float]] = []
     for m in readings:
         if "prefix_cache_queries" not in m or "prefix_cache_hits" not in m:
             return None
-        for k in ("prefix_cache_queries", "prefix_cache_hits"):
-            total[k] = total.get(k, 0.0) + float(m[k])
-    return total
+        keys = ("prefix_cache_queries", "prefix_cache_hits", "process_start_time")
+        out.append({k: float(m[k]) for k in keys if k in m})
+    return out
 
 
 def check_lengths(

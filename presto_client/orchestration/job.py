@@ -413,14 +413,15 @@ async def _run_chains(
                 if b is None or after is None or run.write_error is not None:
                     continue
                 delta = prefix_cache_delta(b, after)
-                if delta is None:
+                if delta["restarted_replicas"]:
                     logger.warning(
-                        "engine %s: its prefix-cache counters went backwards (the server "
-                        "restarted?); this session's cache hit rate is not recorded",
+                        "engine %s: %d replica(s) restarted during this session (start time "
+                        "changed or counters went back); its prefix-cache hit rate covers only "
+                        "what they served after the restart",
                         n,
+                        delta["restarted_replicas"],
                     )
-                else:
-                    run.append_metrics({"engine": n, **delta})
+                run.append_metrics({"engine": n, **delta})
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

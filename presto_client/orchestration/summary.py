@@ -193,16 +193,30 @@ def _arm_sort_key(arm: Mapping[str, Any], engine_order: Sequence[str]) -> tuple[
 
 
 def prefix_cache_delta(
-    before: Mapping[str, float], after: Mapping[str, float]
-) -> dict[str, float] | None:
-    """A session's prefix-cache queries and hits (the counters after minus before), or ``None``
-    when a counter went backwards: the server restarted during the session, and the difference
-    of two counter lifetimes means nothing (it was negative, and gave hit rates over 100%)."""
-    queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
-    hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
-    if queries < 0 or hits < 0:
-        return None
-    return {"queries": queries, "hits": min(hits, queries)}
+    before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]
+) -> dict[str, float]:
+    """A session's prefix-cache queries and hits over an engine's replicas (each replica's
+    counters after minus before), and ``restarted_replicas``: how many restarted in between.
+
+    A replica restarted when its start time changed (``process_start_time``, where the server
+    exposes it) or a counter went backwards. Its counters then count from the restart, so its
+    reading after is what it served since: the figure covers only that part of the session, and
+    the summary says so (``prefix_cache_after_restart``) rather than mixing two lifetimes
+    (before this, a negative difference, or one that had grown past the first reading and
+    looked plausible)."""
+    queries = hits = 0.0
+    restarted = 0
+    for b, a in zip(before, after, strict=True):
+        dq = a["prefix_cache_queries"] - b["prefix_cache_queries"]
+        dh = a["prefix_cache_hits"] - b["prefix_cache_hits"]
+        started_b, started_a = b.get("process_start_time"), a.get("process_start_time")
+        moved = started_b is not None and started_a is not None and started_a != started_b
+        if moved or dq < 0 or dh < 0:
+            restarted += 1
+            dq, dh = a["prefix_cache_queries"], a["prefix_cache_hits"]
+        queries += dq
+        hits += min(dh, dq)
+    return {"queries": queries, "hits": hits, "restarted_replicas": restarted}
 
 
 def _sizeless(traversal: str, baseline: str) -> bool:
@@ -240,6 +254,14 @@ def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | N
     return {e: None if r is None else min(max(r, 0.0), 1.0) for e, r in rates.items()}
 
 
+def engines_restarted(metrics: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The engines a replica of which restarted during a session: their hit rate covers only
+    what that replica served after its restart."""
+    return {
+        str(row.get("engine")) for row in metrics if as_number(row.get("restarted_replicas")) > 0
+    }
+
+
 def _chain_wall(row: Mapping[str, Any]) -> float | None:
     """A chain's end-to-end wall time (``stats.chain_wall_s``); ``None`` for a chain recorded
     before the field existed (an older run directory: no end-to-end figure, never a guess)."""
@@ -257,7 +279,9 @@ def summarize(
 ) -> dict[str, Any]:
     """The summary of a run from its sample lines (the last line of each chain counts)."""
     latest = latest_by_chain(samples)
+    metrics = list(metrics)
     hit_rates = cache_hit_rates(metrics)
+    restarted = engines_restarted(metrics)
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for row in latest.values():
         by_arm.setdefault(str(row.get("arm")), []).append(row)
@@ -369,6 +393,7 @@ def summarize(
             "drift_max": max(drifts) if drifts else None,
             "seconds_per_call": _ratio(totals["model_call_time_s"], rounds),
             "prefix_cache_hit_rate": hit_rates.get(engine),
+            "prefix_cache_after_restart": engine in restarted,
             "chain_wall_s": sum(walls) if walls else None,
             "chain_wall_median_s": statistics.median(walls) if walls else None,
             **_length_figures(ok.values()),

@@ -84,6 +84,8 @@ SPEED_LEGEND = (
     "pairs, [min-max] their range. End to end: each chain's wall time, what you wait for; model\n"
     "calls: its time in engine calls only."
 )
+RESTART_MARK = "*"
+"""Marks a prefix-cache hit rate that covers only the part of a run after a server restart."""
 WORK_LEGEND = "Where the time went (trans/call: MH transitions per engine call):"
 
 
@@ -104,7 +106,8 @@ def _cells(arm: Mapping[str, Any]) -> dict[str, str]:
         "speedup": _speedup_cell(arm),
         "speedup_wall": _wall_speedup_cell(arm),
         "same": _same_cell(arm),
-        "prefix_cache_hit_rate": _fmt(arm.get("prefix_cache_hit_rate"), "pct"),
+        "prefix_cache_hit_rate": _fmt(arm.get("prefix_cache_hit_rate"), "pct")
+        + (RESTART_MARK if arm.get("prefix_cache_after_restart") else ""),
     }
 
 
@@ -143,6 +146,12 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
             rows.append([cells[k] for _, k in columns])
         parts.append(legend + "\n" + render_table([h for h, _ in columns], rows))
     table = "\n\n".join(parts)
+    restarted = sorted({str(a.get("engine")) for a in arms if a.get("prefix_cache_after_restart")})
+    if restarted:
+        table += (
+            f"\n{RESTART_MARK} the server of {', '.join(restarted)} restarted during the run: "
+            "its prefix-cache hit rate covers only what it served after the restart."
+        )
     waits = format_stream_waits(arms)
     if waits:
         table += "\n\n" + waits

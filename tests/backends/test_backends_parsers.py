@@ -180,6 +180,10 @@ def test_vllm_real_metrics_excerpt() -> None:
     # The same names without the _total suffix are read too.
     bare = "vllm:prefix_cache_queries 10\nvllm:prefix_cache_hits 4\n"
     assert prefix_cache_metrics(bare, vllm().metric_names)["prefix_cache_hits"] == 4.0
+    assert "process_start_time" not in metrics
+    # The process collector's start time comes along when the server exposes it.
+    started = bare + "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
+    assert prefix_cache_metrics(started, vllm().metric_names)["process_start_time"] == 1.7e9
 
 
 # ---- vLLM: builders and synthetic answers

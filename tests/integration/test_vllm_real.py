@@ -252,6 +252,9 @@ async def test_prefix_cache_metrics(vllm_raw_server: VllmServer) -> None:
     after = await eng.metrics()
     assert after["prefix_cache_queries"] - before["prefix_cache_queries"] >= 2 * len(prompt)
     assert after["prefix_cache_hits"] - before["prefix_cache_hits"] >= 32
+    # One API server (the default) exposes prometheus_client's process collector: the start
+    # time by which a restart between two readings is told (summary.prefix_cache_delta).
+    assert after["process_start_time"] == before["process_start_time"] > 1.6e9
     print(f"\nmetrics: {after}")
     await eng.aclose()
 
