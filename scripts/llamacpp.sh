@@ -149,10 +149,16 @@ pid_file() { echo "$HOME_DIR/server-$PORT.pid"; }
 # position. With bf16 K/V only the plain kernel runs (f32 accumulation), whatever the batch:
 # bit-identical logprobs for prompt, cached prefix, decode and other slots' requests
 # (benchmarks/llamacpp_drift.py). -fa off (mul_mat kernels per batch size) also drifts.
+# --cache-ram 0: no host-memory prompt cache. With it, a request pinned (id_slot) to a slot that
+# is still busy goes through the cache update on every retry while it waits (server-context.cpp,
+# get_available_slot: prompt_save, then prompt_load or prompt_clear, with no is_processing check)
+# and swaps another prompt's KV into the running generation: its rows turn to nonsense from
+# there on (reproduced at once, idle: identical rows up to the swap, then 0.17 vs 1.99 nats). The client
+# pins requests itself, so the cache saves it nothing.
 server_cmd() {
     SERVER_CMD=("$BIN" -m "$GGUF" --host "$HOST" --port "$PORT" -np "$PARALLEL"
         -c $((2048 * PARALLEL)) --poll 0 --metrics --slots
-        -fa on --cache-type-k bf16 --cache-type-v bf16)
+        -fa on --cache-type-k bf16 --cache-type-v bf16 --cache-ram 0)
     if [[ -n $THREADS ]]; then SERVER_CMD+=(-t "$THREADS"); fi
 }
 health() { curl -s -o /dev/null -m 5 -w '%{http_code}' "http://$HOST:$PORT/health" || true; }
