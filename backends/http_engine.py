@@ -2,7 +2,9 @@
 
 ``generate`` sends one HTTP request per proposal (each with its own seed), concurrently, and
 in scaled modes a scoring call per proposal after it; ``stream`` yields a proposal's scores as
-server-sent events arrive (raw modes); ``score`` returns exact scores of given tokens;
+server-sent events arrive (raw modes); both fill a proposal through the dialect's generation
+protocol (:mod:`backends.generation`: slots, repairs, continuations); ``score`` returns exact
+scores of given tokens;
 ``probe`` checks health, model and logprob semantics before a job; ``metrics`` reads the
 prefix-cache counters.
 """
@@ -13,22 +15,22 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import numpy as np
 
 from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall
+from presto_client.backends.generation import Generation, answer_cap, proposal_label
 from presto_client.backends.http_probe import ProbeMixin
-from presto_client.backends.http_stream import StreamMixin, proposal_label
 from presto_client.backends.metrics import prefix_cache_metrics
 from presto_client.backends.parsing import TokenLogprobs, check_token_ids
 from presto_client.backends.pool import Pool, RequestHeaders
 from presto_client.backends.retry import Sleep
 from presto_client.backends.routing import RoutedEngine
-from presto_client.backends.slots import SlotPlan
 from presto_client.backends.spec import Capabilities, EngineSpec, ProbeReport
-from presto_client.backends.transport import Transport, response_cap
+from presto_client.backends.transport import Transport
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     ProposalRequest,
@@ -41,11 +43,7 @@ from presto_client.core.scoring import (
     scored_from_raw,
     scored_from_scaled,
 )
-from presto_client.errors import (
-    EngineError,
-    EngineRequestError,
-    InvalidResponseError,
-)
+from presto_client.errors import EngineError, EngineRequestError, InvalidResponseError
 from presto_client.urls import redact_url
 
 logger = logging.getLogger(__name__)
@@ -57,15 +55,7 @@ _MODEL_LISTINGS = (
 """The model listings that tell the built-in dialects apart when the configured one fails."""
 
 
-def _answer_tokens(prefix: Sequence[int], body: Any) -> Sequence[int]:
-    """The prefix and a whole answer's ``tokens`` (where it lists them) for the slot plan."""
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
-        return [*prefix, *tokens]
-    return prefix
-
-
-class HttpEngine(ProbeMixin, StreamMixin):
+class HttpEngine(ProbeMixin):
     """:class:`~presto_client.core.engine_protocol.Engine` over one replica of an HTTP server."""
 
     def __init__(
@@ -102,19 +92,15 @@ class HttpEngine(ProbeMixin, StreamMixin):
         self._model_lock = asyncio.Lock()
         self._seeds_honoured: bool | None = None
         self._scoring_ok: bool | None = None
-        self._slot_plan: SlotPlan | None = None
-        self._slots_read = adapter.slots_path is None
+        self.generation = Generation(spec, adapter, self.transport, self.name)
+        """How a proposal's tokens come out of the dialect (whole and streamed)."""
         self.last_probe: ProbeReport | None = None
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
 
     def _cap(self, tokens: int, top_k: int | None = None) -> int:
-        """The size cap of an answer carrying ``tokens`` tokens' top-K logprobs (a full
-        vocabulary's, ``top_k == -1``, counted at the known vocabulary size)."""
-        k = self.spec.top_k if top_k is None else top_k
-        if k < 0:
-            k = self.spec.vocab_size or 0
-        return response_cap(self.spec.max_response_mb, tokens, k)
+        """The size cap of an answer carrying ``tokens`` tokens' top-K logprobs."""
+        return answer_cap(self.spec, tokens, top_k)
 
     def _checked(self, raw: TokenLogprobs, label: str) -> TokenLogprobs:
         return check_token_ids(raw, self.spec.vocab_size, label=label)
@@ -234,7 +220,7 @@ class HttpEngine(ProbeMixin, StreamMixin):
     async def _generate_one(
         self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
     ) -> ScoredTokens:
-        generated = await self._generate_tokens(request, model, label, headers)
+        generated = await self.generation.whole(request, model, label, headers)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
         raw = await self._score_raw(
@@ -244,61 +230,26 @@ class HttpEngine(ProbeMixin, StreamMixin):
             generated, request.temperature, raw, request.scores, self.spec.vocab_size
         )
 
-    async def _generate_tokens(
-        self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
-    ) -> TokenLogprobs:
-        """The proposal's tokens, asking for the rest while an answer stops legitimately short
-        (the adapter's :meth:`~backends.adapter.Adapter.continuation`)."""
-        part, out = request, None
-        plan = self._slot_plan if self._slots_read else await self.slot_plan()
-        while True:
-            call = self.adapter.build_generate(part, model, label=label)
-            slot = plan.take(part.prefix) if plan is not None else None
-            if slot is not None:
-                call = self.adapter.on_slot(call, slot)
-            body = None
-            try:
-                body = await self.transport.request_json(
-                    "POST",
-                    call.path,
-                    call.payload,
-                    label=label,
-                    max_bytes=self._cap(part.num_tokens),
-                    headers=headers,
-                )
-            finally:
-                if plan is not None and slot is not None:
-                    plan.give_back(slot, _answer_tokens(part.prefix, body))
-            fixes = self.adapter.repair_calls(part, body, label=label)
-            extra = (
-                await gather_or_fail(
-                    [
-                        self.transport.request_json(
-                            "POST",
-                            c.path,
-                            c.payload,
-                            label=c.label,
-                            max_bytes=self._cap(1, -1),
-                            headers=headers,
-                        )
-                        for c in fixes
-                    ]
-                )
-                if fixes
-                else []
-            )
-            parsed = self.adapter.parse_generate_with(part, body, extra, label=label)
-            got = self._checked(parsed, label)
-            out = got if out is None else out.concat(got)
-            if len(got) >= part.num_tokens:
-                return out
-            following = self.adapter.continuation(request, out) if len(got) else None
-            if following is None:
-                raise InvalidResponseError(
-                    f"{label}: the engine returned {len(out)} of {request.num_tokens} tokens",
-                    engine=self.name,
-                )
-            part = following
+    async def stream(
+        self, request: ProposalRequest, *, headers: RequestHeaders | None = None
+    ) -> AsyncGenerator[ScoredTokens, None]:
+        """Scores of one proposal, chunk by chunk as the server produces them.
+
+        Raw modes stream over SSE (:meth:`Generation.stream`: a stream stopped at an
+        end-of-generation token goes on in a second one, one that leaves a token out is
+        completed from the whole proposal); scaled modes (two calls) and dialects without
+        streaming yield the whole proposal as one chunk. Closing the iterator closes the HTTP
+        stream.
+        """
+        label = proposal_label(request)
+        model = await self.model()
+        if not self.capabilities.streaming:
+            (whole,) = await self.generate([request], headers=headers)
+            yield whole
+            return
+        async with aclosing(self.generation.stream(request, model, label, headers)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def _score_raw(
         self,

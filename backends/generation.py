@@ -1,0 +1,365 @@
+"""The generation protocol of one replica: how a proposal's tokens come out of the dialect, by
+one loop for the whole (unstreamed) and the streamed path alike.
+
+A proposal is filled part by part, each part one generation request:
+
+* **placement**: where the dialect keeps one prefix cache per server slot (llama.cpp), each
+  request goes to the slot the client chooses (:mod:`backends.slots`; read once from the
+  adapter's ``slots_path``), and the slot is given back as soon as its answer is in;
+* **repair**: a whole answer may lack what a dialect leaves out (llama.cpp sends no
+  probabilities for a token whose text ends inside a UTF-8 character): the adapter's
+  :meth:`~backends.adapter.Adapter.repair_calls` fetch it before the answer is parsed; a stream
+  that leaves such a token out (:meth:`~backends.adapter.Adapter.stream_generated` counts past
+  what came) is closed, and the rest comes from the whole proposal, fetched unstreamed and
+  repaired (its seed gives the same tokens);
+* **continuation**: a part that ends legitimately short (an end-of-generation token sampled,
+  which llama.cpp cannot sample through without changing the law) goes on in a next part, the
+  adapter's :meth:`~backends.adapter.Adapter.continuation`; any other short part is an error;
+* **retries** are the transport's: each request is retried there, never a part here (a
+  streamed part that ends early is a connection that went away, marked retryable for the
+  walk).
+
+Scores are not made here: the engine turns the tokens into scores (and, in scaled modes, adds
+its scoring call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from presto_client.backends.adapter import Adapter, HttpCall
+from presto_client.backends.parsing import TokenLogprobs, check_token_ids
+from presto_client.backends.pool import RequestHeaders
+from presto_client.backends.slots import SlotPlan
+from presto_client.backends.spec import EngineSpec
+from presto_client.backends.transport import Transport, response_cap
+from presto_client.concurrency import gather_or_fail
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
+from presto_client.core.scoring import scored_from_raw
+from presto_client.errors import EngineError, EngineUnavailableError, InvalidResponseError
+
+# The engine's logger: what a user filters on is the engine, not the module of its loop.
+logger = logging.getLogger("presto_client.backends.http_engine")
+
+
+def proposal_label(request: ProposalRequest, index: int | None = None) -> str:
+    """A proposal request as error messages name it."""
+    where = "" if index is None else f" {index}"
+    return (
+        f"proposal{where} (seed={request.seed}, {request.num_tokens} tokens at "
+        f"τ={request.temperature:g} after {len(request.prefix)} prefix tokens)"
+    )
+
+
+def answer_cap(spec: EngineSpec, tokens: int, top_k: int | None = None) -> int:
+    """The size cap of an answer carrying ``tokens`` tokens' top-K logprobs (a full
+    vocabulary's, ``top_k == -1``, counted at the known vocabulary size)."""
+    k = spec.top_k if top_k is None else top_k
+    if k < 0:
+        k = spec.vocab_size or 0
+    return response_cap(spec.max_response_mb, tokens, k)
+
+
+def _joined(chunks: Sequence[TokenLogprobs]) -> TokenLogprobs:
+    out = chunks[0]
+    for chunk in chunks[1:]:
+        out = out.concat(chunk)
+    return out
+
+
+def _tail(tokens: TokenLogprobs, start: int) -> TokenLogprobs:
+    return TokenLogprobs(
+        tokens.token_ids[start:],
+        tokens.logprobs[start:],
+        tokens.top_ids[start:],
+        tokens.top_logprobs[start:],
+    )
+
+
+def _answer_tokens(body: Any) -> list[Any]:
+    """A whole answer's ``tokens``, where it lists them (what its slot's cache now holds)."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+        return [tokens]
+    return []
+
+
+def _slot_holds(prefix: Sequence[int], generated: Sequence[Any]) -> np.ndarray:
+    """What a slot's cache holds after a request: its prefix and the tokens it generated."""
+    return np.concatenate(
+        [np.asarray(prefix, dtype=np.int64), *(np.asarray(g, dtype=np.int64) for g in generated)]
+    )
+
+
+@dataclass(slots=True)
+class _Proposal:
+    """One proposal being filled: what was asked, how its parts are sent, what came so far."""
+
+    request: ProposalRequest
+    model: str
+    label: str
+    headers: RequestHeaders | None
+    plan: SlotPlan | None
+    chunks: list[TokenLogprobs] = field(default_factory=list)
+    """The chunks kept: a continuation's prefix, and what a slot's cache holds."""
+    total: int = 0
+    """Tokens received over every part."""
+
+
+@dataclass(slots=True)
+class _PartEnd:
+    """How one part (one generation request) ended."""
+
+    taken: int = 0
+    """Tokens it brought."""
+    may_continue: bool = False
+    """It ended legitimately short: an end-of-generation token (a whole answer its parser
+    accepted; a stream whose last event says ``eos``)."""
+    gap: bool = False
+    """A streamed part left a token out: the rest comes from the whole proposal."""
+
+
+class Generation:
+    """The generation protocol of one replica: a proposal's tokens, whole or streamed, through
+    one loop (placement, repair, continuation). The engine owns it and sends nothing else
+    through it."""
+
+    def __init__(self, spec: EngineSpec, adapter: Adapter, transport: Transport, name: str) -> None:
+        self.spec = spec
+        self.adapter = adapter
+        self.transport = transport
+        self.name = name
+        self._slot_plan: SlotPlan | None = None
+        self._slots_read = adapter.slots_path is None
+        self._slots_lock = asyncio.Lock()
+        # Only a dialect whose streams can stop at an EOS or leave a token out pays for
+        # watching them (the count and the stop of each batch, the chunks kept).
+        self._watch = adapter.stream_reports_progress
+
+    async def slot_plan(self) -> SlotPlan | None:
+        """The placement of requests on the server's slots (read once), where the dialect
+        places them (:mod:`backends.slots`); ``None``: the server chooses."""
+        if self._slots_read:
+            return self._slot_plan
+        async with self._slots_lock:
+            if not self._slots_read:
+                path = self.adapter.slots_path
+                assert path is not None
+                try:
+                    body = await self.transport.request_json("GET", path, None, label=path)
+                    count = self.adapter.parse_slot_count(body)
+                except EngineError as exc:
+                    count = None
+                    logger.warning("%s: %s unreadable (%s)", self.name, path, exc)
+                if count is None:
+                    logger.warning(
+                        "%s: the server's slot count is unknown; it places requests itself "
+                        "(a proposal sent right after an early rejection may prefill its "
+                        "prompt on another slot)",
+                        self.name,
+                    )
+                else:
+                    self._slot_plan = SlotPlan(count)
+                self._slots_read = True
+        return self._slot_plan
+
+    # ---- the two paths
+
+    async def whole(
+        self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
+    ) -> TokenLogprobs:
+        """The proposal's tokens, every part fetched whole."""
+        chunks = [c async for c in self._fill(request, model, label, headers, stream=False)]
+        return _joined(chunks)
+
+    async def stream(
+        self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
+    ) -> AsyncGenerator[ScoredTokens, None]:
+        """The proposal's scores (raw modes), chunk by chunk as the server produces them;
+        closing the iterator closes the HTTP stream."""
+        if self.adapter.stream_closes_connection:
+            sent = headers if headers is not None else self.transport.headers
+            headers = RequestHeaders.of({**sent.plain, "Connection": "close"})
+        vocab = self.spec.vocab_size
+        async with aclosing(self._fill(request, model, label, headers, stream=True)) as chunks:
+            async for chunk in chunks:
+                yield scored_from_raw(chunk, request.scores, vocab)
+
+    # ---- the one loop
+
+    async def _fill(
+        self,
+        request: ProposalRequest,
+        model: str,
+        label: str,
+        headers: RequestHeaders | None,
+        *,
+        stream: bool,
+    ) -> AsyncGenerator[TokenLogprobs, None]:
+        """The tokens of ``request`` as they come, part by part (the module's protocol)."""
+        plan = self._slot_plan if self._slots_read else await self.slot_plan()
+        p = _Proposal(request, model, label, headers, plan)
+        part = request
+        while True:
+            end = _PartEnd()
+            if stream:
+                async with aclosing(self._streamed_part(p, part, end)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+            else:
+                yield await self._whole_part(p, part, end)
+            if end.gap:
+                rest = await self._unstreamed_rest(p)
+                if len(rest):
+                    yield rest
+                return
+            if p.total >= request.num_tokens:
+                return
+            following = None
+            if end.taken and end.may_continue:
+                following = self.adapter.continuation(request, _joined(p.chunks))
+            if following is None:
+                raise self._short(p, stream=stream)
+            part = following
+
+    def _short(self, p: _Proposal, *, stream: bool) -> EngineError:
+        if stream:
+            # A stream that ends short without an error is a connection that went away
+            # midway (the server died or restarted): a reader may request it again.
+            return EngineUnavailableError(
+                f"{p.label}: the stream ended after {p.total} of {p.request.num_tokens} tokens "
+                "(the server is unavailable, or dropped the connection)",
+                engine=self.name,
+                retryable=True,
+            )
+        return InvalidResponseError(
+            f"{p.label}: the engine returned {p.total} of {p.request.num_tokens} tokens",
+            engine=self.name,
+        )
+
+    # ---- one part, whole or streamed
+
+    def _placed(
+        self, p: _Proposal, part: ProposalRequest, call: HttpCall
+    ) -> tuple[HttpCall, int | None]:
+        """``call`` on the slot chosen for ``part`` (``None``: the server chooses)."""
+        slot = p.plan.take(part.prefix) if p.plan is not None else None
+        return (call, None) if slot is None else (self.adapter.on_slot(call, slot), slot)
+
+    async def _whole_part(
+        self, p: _Proposal, part: ProposalRequest, end: _PartEnd
+    ) -> TokenLogprobs:
+        call, slot = self._placed(
+            p, part, self.adapter.build_generate(part, p.model, label=p.label)
+        )
+        body = None
+        try:
+            body = await self.transport.request_json(
+                "POST",
+                call.path,
+                call.payload,
+                label=p.label,
+                max_bytes=answer_cap(self.spec, part.num_tokens),
+                headers=p.headers,
+            )
+        finally:
+            # Given back before the repairs: they are not placed, and another proposal may
+            # want this slot's cache now.
+            if p.plan is not None and slot is not None:
+                p.plan.give_back(slot, _slot_holds(part.prefix, _answer_tokens(body)))
+        fixes = self.adapter.repair_calls(part, body, label=p.label)
+        extra = await self._repairs(fixes, p.headers) if fixes else []
+        parsed = self.adapter.parse_generate_with(part, body, extra, label=p.label)
+        chunk = check_token_ids(parsed, self.spec.vocab_size, label=p.label)
+        # A whole answer its parser accepted short stopped legitimately (at an EOS).
+        end.taken, end.may_continue = len(chunk), True
+        p.chunks.append(chunk)
+        p.total += len(chunk)
+        return chunk
+
+    async def _repairs(
+        self, fixes: Sequence[HttpCall], headers: RequestHeaders | None
+    ) -> list[Any]:
+        return await gather_or_fail(
+            [
+                self.transport.request_json(
+                    "POST",
+                    c.path,
+                    c.payload,
+                    label=c.label,
+                    max_bytes=answer_cap(self.spec, 1, -1),
+                    headers=headers,
+                )
+                for c in fixes
+            ]
+        )
+
+    async def _streamed_part(
+        self, p: _Proposal, part: ProposalRequest, end: _PartEnd
+    ) -> AsyncGenerator[TokenLogprobs, None]:
+        call = self.adapter.build_generate(part, p.model, label=p.label, stream=True)
+        call, slot = self._placed(p, part, call)
+        watch, adapter, vocab, label = self._watch, self.adapter, self.spec.vocab_size, p.label
+        first = len(p.chunks)
+        stop: str | None = None
+        # Events arrive in batches (those completed by one network read), parsed and scored
+        # as one chunk: when the client falls behind, its costs per chunk are shared.
+        events = self.transport.stream_event_batches(
+            call.path,
+            call.payload,
+            label=label,
+            max_bytes=answer_cap(self.spec, part.num_tokens),
+            headers=p.headers,
+        )
+        try:
+            async for batch in events:
+                chunk = adapter.parse_stream_events(part, batch, label=label)
+                n = 0 if chunk is None else len(chunk)
+                if watch:
+                    stop = adapter.stream_stop(batch) or stop
+                    generated = adapter.stream_generated(batch)
+                    if generated is not None and generated > end.taken + n:
+                        end.gap = True
+                        break
+                if chunk is None or n == 0:
+                    continue
+                check_token_ids(chunk, vocab, label=label)
+                end.taken += n
+                p.total += n
+                if p.total > p.request.num_tokens:
+                    raise EngineError(
+                        f"{label}: the stream delivered {p.total} tokens, "
+                        f"{p.request.num_tokens} were requested",
+                        engine=self.name,
+                    )
+                if watch:
+                    p.chunks.append(chunk)
+                yield chunk
+        finally:
+            await events.aclose()
+            if p.plan is not None and slot is not None:
+                generated_ids = [c.token_ids for c in p.chunks[first:]]
+                p.plan.give_back(slot, _slot_holds(part.prefix, generated_ids))
+        end.may_continue = stop == "eos"
+
+    async def _unstreamed_rest(self, p: _Proposal) -> TokenLogprobs:
+        """What follows the chunks ``p`` streamed, from the whole proposal fetched unstreamed
+        as :meth:`whole` fetches it (its seeds give the same tokens, its repairs fill what the
+        stream left out)."""
+        whole = await self.whole(p.request, p.model, p.label, p.headers)
+        streamed = _joined(p.chunks).token_ids if p.chunks else np.zeros(0, dtype=np.int64)
+        n = len(streamed)
+        if len(whole) < n or not np.array_equal(whole.token_ids[:n], streamed):
+            raise EngineError(
+                f"{p.label}: the proposal fetched again after its stream left a token out "
+                f"differs from what was streamed; {self.adapter.hint_for_seeds()}",
+                engine=self.name,
+            )
+        return _tail(whole, n)
