@@ -103,7 +103,7 @@ def _server(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from presto_client.embedded.launch import embedded_server
+    from presto_client.child_servers.embedded import embedded_server
 
     with embedded_server() as started:
         yield started

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from presto_client.embedded.batching import BatchingEngine, SamplingParams
-    from presto_client.embedded.launch import EmbeddedServer
+    from presto_client.child_servers.embedded import EmbeddedServer
     from presto_client.embedded.model import load_model
 
     loaded = load_model()

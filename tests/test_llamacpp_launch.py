@@ -1,4 +1,4 @@
-"""presto's own llama-server (:mod:`presto_client.orchestration.llamacpp_server`) against
+"""presto's own llama-server (:mod:`presto_client.child_servers.llamacpp`) against
 fake set-up scripts: every way it can fail says why (with the log tail and the fix), the first
 set-up's steps reach the progress logger, and every child process group is gone afterwards,
 whether the start succeeded, failed, timed out or was interrupted, or presto was killed."""
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from presto_client.orchestration import llamacpp_server as launch
-from presto_client.orchestration.llamacpp_server import LlamaCppServerError, LlamaServerProcess
+from presto_client.child_servers import lifecycle
+from presto_client.child_servers import llamacpp as launch
+from presto_client.child_servers.llamacpp import LlamaCppServerError, LlamaServerProcess
+from presto_client.child_servers.ports import listening_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,7 +228,7 @@ def test_the_server_dies_with_a_killed_presto(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from presto_client.orchestration.llamacpp_server import LlamaServerProcess\n"
+        "from presto_client.child_servers.llamacpp import LlamaServerProcess\n"
         f"LlamaServerProcess(script=Path({str(script)!r})).start()\n"
         "print('up', flush=True)\n"
         "time.sleep(60)\n"
@@ -267,7 +269,7 @@ def test_a_busy_port_is_refused_naming_its_owner(tmp_path: Path) -> None:
 def test_what_answers_must_be_the_started_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launch, "listening_pid", lambda port: 1)
+    monkeypatch.setattr(lifecycle, "listening_pid", lambda port: 1)
     server = LlamaServerProcess(script=fake_script(tmp_path))
     with pytest.raises(LlamaCppServerError, match="answered by pid 1, not by the llama-server"):
         server.start()
@@ -282,8 +284,8 @@ def test_a_server_that_dies_mid_run_is_said_and_restarted(
     url = server.start()
     try:
         first = server.pid
-        assert first is not None and launch.listening_pid(int(url.rsplit(":", 1)[1])) == first
-        with caplog.at_level(logging.ERROR, logger=launch.__name__):
+        assert first is not None and listening_pid(int(url.rsplit(":", 1)[1])) == first
+        with caplog.at_level(logging.ERROR, logger=lifecycle.__name__):
             os.kill(first, signal.SIGKILL)
             deadline = time.monotonic() + 20
             while (server.pid == first or server.pid is None) and time.monotonic() < deadline:

@@ -1,10 +1,11 @@
 """The embedded default engine: SmolLM2-135M-Instruct on the CPU, served in vLLM's dialect.
 
 With no server configured, ``presto`` starts this engine as a subprocess on loopback and talks
-to it through the ordinary vLLM adapter. Importing this package does not import torch.
+to it through the ordinary vLLM adapter. Importing this package does not import torch. This
+package is the server (what runs in the child); starting and stopping it is
+:mod:`presto_client.child_servers.embedded` (``embedded_server``, ``async_embedded_server``),
+beside the other servers presto starts.
 
-- :func:`embedded_server` / :func:`async_embedded_server` (in :mod:`.launch`): context
-  managers that start ``python -m presto_client.embedded`` and yield its base URL.
 - :func:`main`: the ``presto serve-embedded`` command (``python -m presto_client.embedded``).
 - :mod:`.model` prepares and loads the model; :mod:`.batching` batches and samples;
   :mod:`.api` is vLLM's API without HTTP (requests checked, responses rendered with
@@ -15,22 +16,11 @@ to it through the ordinary vLLM adapter. Importing this package does not import 
 
 from __future__ import annotations
 
-from presto_client.embedded.launch import (
-    EmbeddedServer,
-    EmbeddedServerError,
-    async_embedded_server,
-    embedded_server,
-)
-
 SERVED_MODEL_NAME = "smollm2-135m"
 """The model id the embedded server answers to."""
 
 __all__ = [
     "SERVED_MODEL_NAME",
-    "EmbeddedServer",
-    "EmbeddedServerError",
-    "async_embedded_server",
-    "embedded_server",
     "main",
 ]
 

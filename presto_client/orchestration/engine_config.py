@@ -1,11 +1,12 @@
 """The engines of a job config: one pydantic class per kind of engine, and their registry.
 
-HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows),
-except ``kind: llamacpp`` without a URL: llama.cpp that presto builds and starts itself
-(:mod:`.llamacpp_engine`, its own union tag); every other kind is a class of its own
-registered by its ``kind`` with :func:`register_engine_kind` (the embedded server and the
-reference model below; a new in-process kind is one file that defines its class and registers
-it). The job config's ``engines`` union is built from this registry, so a config error still
+HTTP kinds share one class (:class:`HttpEngineConfig`, any kind the backends' registry knows);
+every other kind is a class of its own registered by its ``kind`` with
+:func:`register_engine_kind` (the embedded server and the reference model below; a new
+in-process kind is one file that defines its class and registers it). A class may also take an
+HTTP kind for the entries that give no URL, when presto starts that backend's server itself
+(:attr:`EngineConfigBase.starts_backend_server`: ``kind: llamacpp`` without ``base_url``,
+:mod:`.llamacpp_engine`); it is registered the same way, under the tag ``<kind>-managed``. The job config's ``engines`` union is built from this registry, so a config error still
 names the field path and lists valid kinds.
 
 Each class knows how its replicas are opened (:meth:`opener`: a plain object the plan holds, so
@@ -42,18 +43,35 @@ from presto_client.backends.registry import (
 )
 from presto_client.backends.spec import EngineSpec
 from presto_client.core.speculation import DEFAULT_TOLERANCE
-from presto_client.orchestration.engine_openers import EmbeddedOpener, HttpOpener, ReferenceOpener
-from presto_client.orchestration.planned import EmbeddedServer, PlannedEngine, ReplicaOpener
+from presto_client.orchestration.engine_openers import (
+    HttpOpener,
+    ReferenceOpener,
+    StartedServerOpener,
+)
+from presto_client.orchestration.planned import (
+    EmbeddedServer,
+    PlannedEngine,
+    ReplicaOpener,
+    ServerToStart,
+)
 from presto_client.urls import redact_url, split_userinfo
 
 HTTP_TAG = "http"
 """The union tag of :class:`HttpEngineConfig` (every kind the backends' registry knows)."""
 
 
+def managed_tag(kind: str) -> str:
+    """The union tag of the class that serves the HTTP kind ``kind`` when presto starts its
+    server (an entry without a URL)."""
+    return f"{kind}-managed"
+
+
 def local_kinds() -> tuple[str, ...]:
     """Engine kinds that are not HTTP backends, in registration order (:func:`register_engine_kind`:
     the embedded CPU server, the reference model, then any registered later)."""
-    return tuple(k for k in ENGINE_TAGS if k not in (HTTP_TAG, MANAGED_LLAMACPP_TAG))
+    return tuple(
+        k for k, cls in ENGINE_TAGS.items() if k != HTTP_TAG and not cls.starts_backend_server
+    )
 
 
 def http_kinds() -> tuple[str, ...]:
@@ -139,6 +157,10 @@ class EngineConfigBase(StrictModel):
     takes_text: ClassVar[bool] = True
     #: The EOS of an engine whose model is known (the embedded one), used when none is given.
     known_eos_token_id: ClassVar[int | None] = None
+    #: Whether the class's ``kind`` is an HTTP backend's whose server presto starts itself for
+    #: an entry that gives no URL (``kind: llamacpp`` without ``base_url``); an entry with a URL
+    #: stays an :class:`HttpEngineConfig`.
+    starts_backend_server: ClassVar[bool] = False
 
     def resolved_eos_token_id(self) -> int | None:
         """The EOS at which the engine's responses are truncated: the config's, else the
@@ -171,8 +193,8 @@ class EngineConfigBase(StrictModel):
     def per_slot_caches(self) -> bool:  # llama.cpp
         return False
 
-    def server(self) -> EmbeddedServer | None:
-        """An embedded server to start for this engine before it opens (none by default)."""
+    def server(self) -> ServerToStart | None:
+        """A server to start for this engine before it opens (none by default)."""
         return None
 
     def planned(self, index: int) -> PlannedEngine:
@@ -380,14 +402,10 @@ class EmbeddedEngineConfig(EngineConfigBase):
     def server(self) -> EmbeddedServer:
         return EmbeddedServer(self.port, self.dtype, self.startup_timeout_s)
 
-    def opener(self, index: int) -> EmbeddedOpener:
-        return EmbeddedOpener(
-            str(self.name), self.top_k, self.max_concurrency, self.request_timeout_s
+    def opener(self, index: int) -> StartedServerOpener:
+        return StartedServerOpener(
+            "vllm", str(self.name), self.top_k, self.max_concurrency, self.request_timeout_s
         )
-
-
-MANAGED_LLAMACPP_TAG = "llamacpp-managed"
-"""The union tag of :class:`ManagedLlamaCppConfig`: ``kind: llamacpp`` without a URL."""
 
 
 class ReferenceEngineConfig(EngineConfigBase):
@@ -436,27 +454,30 @@ class ReferenceEngineConfig(EngineConfigBase):
 
 
 def _engine_tag(value: Any) -> str | None:
-    """Which config class an engine entry is: its registered local kind, or ``http`` for any
-    other kind (checked against the backends' registry by :class:`HttpEngineConfig`)."""
-    managed = ENGINE_TAGS.get(MANAGED_LLAMACPP_TAG)
-    if managed is not None and isinstance(value, managed):
-        return MANAGED_LLAMACPP_TAG
+    """Which config class an engine entry is: its registered local kind; for an HTTP kind
+    whose server presto can start, that class when the entry gives no URL; else ``http``
+    (checked against the backends' registry by :class:`HttpEngineConfig`)."""
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     if kind is None:
         return None
-    if (
-        kind == "llamacpp"
-        and isinstance(value, dict)
-        and value.get("base_url") is None
-        and value.get("base_urls") is None
+    if kind in local_kinds():
+        return kind
+    managed = ENGINE_TAGS.get(managed_tag(str(kind)))
+    if managed is not None and (
+        isinstance(value, managed)
+        or (
+            isinstance(value, dict)
+            and value.get("base_url") is None
+            and value.get("base_urls") is None
+        )
     ):
-        return MANAGED_LLAMACPP_TAG
-    return kind if kind in local_kinds() else HTTP_TAG
+        return managed_tag(str(kind))
+    return HTTP_TAG
 
 
 ENGINE_TAGS: dict[str, type[EngineConfigBase]] = {HTTP_TAG: HttpEngineConfig}
-"""The registry: union tag -> engine config class (``http``, then each local kind; and
-``llamacpp-managed``, an HTTP kind, once :mod:`.llamacpp_engine` is imported)."""
+"""The registry: union tag -> engine config class (``http``, then each registered kind by its
+name, and ``<kind>-managed`` for a class that starts an HTTP kind's server)."""
 
 _REGISTERED_HOOKS: list[Callable[[], None]] = []
 
@@ -482,8 +503,10 @@ def _declared_kind(cls: type[EngineConfigBase]) -> str:
 def register_engine_kind(cls: E) -> E:
     """Register an engine config class by its ``kind`` (usable as a class decorator).
 
-    A taken kind (a registered class, an HTTP backend, or ``http``) is refused; the job
-    config's ``engines`` are validated against the new registry from then on."""
+    A taken kind (a registered class, an HTTP backend, or ``http``) is refused; a class that
+    starts an HTTP backend's server (:attr:`~EngineConfigBase.starts_backend_server`) must name
+    one, and is registered for the entries of that kind without a URL. The job config's
+    ``engines`` are validated against the new registry from then on."""
     if not (isinstance(cls, type) and issubclass(cls, EngineConfigBase)):
         raise ValueError(
             f"{cls!r} is not an engine config class (subclass "
@@ -492,14 +515,20 @@ def register_engine_kind(cls: E) -> E:
     kind = _declared_kind(cls)
     if not kind or any(c in kind for c in "/\\ \t\n,"):
         raise ValueError(f"engine kind {kind!r} must be non-empty without '/', ',' or spaces")
-    if kind in ENGINE_TAGS:
+    tag = managed_tag(kind) if cls.starts_backend_server else kind
+    if tag in ENGINE_TAGS:
         raise ValueError(
-            f"engine kind {kind!r} is already registered (by {ENGINE_TAGS[kind].__name__}); "
+            f"engine kind {kind!r} is already registered (by {ENGINE_TAGS[tag].__name__}); "
             "choose another kind"
         )
-    if kind in available_backends():
+    if cls.starts_backend_server and kind not in available_backends():
+        raise ValueError(
+            f"engine kind {kind!r} is no HTTP backend: a class that starts a backend's server "
+            "(starts_backend_server) names the backend that speaks to it"
+        )
+    if not cls.starts_backend_server and kind in available_backends():
         raise ValueError(f"engine kind {kind!r} is already an HTTP backend; choose another kind")
-    ENGINE_TAGS[kind] = cls
+    ENGINE_TAGS[tag] = cls
     for hook in _REGISTERED_HOOKS:
         hook()
     return cls

@@ -42,9 +42,12 @@ class HttpOpener:
 
 
 @dataclass(frozen=True, slots=True)
-class EmbeddedOpener:
-    """Opens the vLLM-dialect engine of an embedded server started for the job."""
+class StartedServerOpener:
+    """Opens the HTTP engine of a server that presto started for the job (the embedded
+    engine's vLLM-dialect server, a managed llama-server): one replica, at the URL it took."""
 
+    kind: str
+    """The backend that speaks its dialect (``vllm``, ``llamacpp``)."""
     name: str
     top_k: int
     max_concurrency: int
@@ -52,14 +55,15 @@ class EmbeddedOpener:
 
     def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
         if self.name not in embedded_urls:
-            raise ConfigError(f"engine {self.name}: the embedded server was not started")
+            raise ConfigError(f"engine {self.name}: its server was not started")
         spec = EngineSpec(
-            kind="vllm",
+            kind=self.kind,
             base_urls=(embedded_urls[self.name],),
             top_k=self.top_k,
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
             name=self.name,
+            # Both serve SmolLM2-135M (its tokenizer, so its vocabulary).
             vocab_size=defaults.EMBEDDED_VOCAB_SIZE,
         )
         return [create_engine(spec, 0)]

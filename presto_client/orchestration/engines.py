@@ -3,7 +3,8 @@
 Each engine of the plan (:class:`~presto_client.orchestration.planned.PlannedEngine`) opens its
 replicas through its own opener: an HTTP engine through the backends' registry
 (:func:`backends.create_engine`), the embedded engine as a vLLM-dialect server on loopback and
-a managed llama.cpp as its llama-server (both started here first), the reference engine as the
+a managed llama.cpp as its llama-server (both started here first, by
+:mod:`presto_client.child_servers`), the reference engine as the
 in-process model, a registered kind as it says. Optional capabilities of a replica (a probe, an
 identity, prefix-cache metrics, a context length) are read through the protocols of
 :mod:`presto_client.core.engine_protocol`.
@@ -29,12 +30,7 @@ from presto_client.core.engine_protocol import (
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.orchestration.eos_discovery import discover_eos_token_id
-from presto_client.orchestration.planned import (
-    EmbeddedServer,
-    JobPlan,
-    LlamaCppServer,
-    PlannedEngine,
-)
+from presto_client.orchestration.planned import JobPlan, PlannedEngine, ServerToStart
 from presto_client.terminal_text import server_text
 
 logger = logging.getLogger(__name__)
@@ -86,59 +82,22 @@ def start_embedded_servers(
     plan: JobPlan, stack: contextlib.ExitStack, only: Sequence[str] | None = None
 ) -> dict[str, str]:
     """Start the server of every engine that asks for one (the embedded engine, a managed
-    llama.cpp); stopped when ``stack`` closes. Returns engine name → base URL."""
+    llama.cpp: :mod:`presto_client.child_servers`); stopped when ``stack`` closes. Returns
+    engine name → base URL."""
     urls: dict[str, str] = {}
     for e in plan.engines.values():
         if e.server is None or (only is not None and e.name not in only):
             continue
-        if isinstance(e.server, LlamaCppServer):
-            urls[e.name] = _start_llamacpp(e.name, e.server, stack)
-        else:
-            urls[e.name] = _start_embedded(e.name, e.server, stack)
+        urls[e.name] = _start_server(e.name, e.server, stack)
     return urls
 
 
-def _start_embedded(name: str, server: EmbeddedServer, stack: contextlib.ExitStack) -> str:
+def _start_server(name: str, server: ServerToStart, stack: contextlib.ExitStack) -> str:
+    logger.info("starting %s of engine %s: %s", server.what, name, server)
     try:
-        from presto_client.embedded.launch import embedded_server
-    except ImportError as exc:
-        raise ConfigError(
-            f"the embedded engine is not available ({exc}); install it with "
-            "pip install 'presto-client[embedded]', or point engines: at a running server"
-        ) from None
-    logger.info(
-        "starting the embedded engine %s (%s, %s)", name, defaults.EMBEDDED_MODEL, server.dtype
-    )
-    try:
-        return stack.enter_context(
-            embedded_server(
-                server.port, dtype=server.dtype, startup_timeout_s=server.startup_timeout_s
-            )
-        )
+        return stack.enter_context(server.child())
     except (RuntimeError, OSError) as exc:
-        raise EngineUnavailableError(
-            f"the embedded engine did not start: {exc}", engine=name
-        ) from exc
-
-
-def _start_llamacpp(name: str, server: LlamaCppServer, stack: contextlib.ExitStack) -> str:
-    from presto_client.orchestration.llamacpp_server import llamacpp_server
-
-    logger.info("starting the llama.cpp engine %s (%d slots)", name, server.parallel)
-    try:
-        return stack.enter_context(
-            llamacpp_server(
-                parallel=server.parallel,
-                port=server.port,
-                threads=server.threads,
-                startup_timeout_s=server.startup_timeout_s,
-                setup_timeout_s=server.setup_timeout_s,
-            )
-        )
-    except (RuntimeError, OSError) as exc:
-        raise EngineUnavailableError(
-            f"the llama.cpp engine did not start: {exc}", engine=name
-        ) from exc
+        raise EngineUnavailableError(f"{server.what} did not start: {exc}", engine=name) from exc
 
 
 async def open_engines(

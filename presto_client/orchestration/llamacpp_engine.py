@@ -1,36 +1,33 @@
 """llama.cpp that presto builds (once, cached) and starts itself: ``kind: llamacpp`` without
-``base_url``. Its config class has a union tag of its own (``llamacpp-managed``: the kind is an
-HTTP backend's, so it is not a registered local kind), added to the registry on import; the job
-config imports this module before it builds its ``engines`` union."""
+``base_url``. Its config class starts an HTTP backend's server
+(:attr:`~.engine_config.EngineConfigBase.starts_backend_server`), registered with
+:func:`~.engine_config.register_engine_kind` like any kind (under the union tag
+``llamacpp-managed``); the job config imports this module before it builds its ``engines``
+union. The server itself is :mod:`presto_client.child_servers.llamacpp`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from presto_client import defaults
-from presto_client.backends.registry import create_engine
-from presto_client.backends.spec import EngineSpec
-from presto_client.errors import ConfigError
-from presto_client.orchestration.engine_config import (
-    ENGINE_TAGS,
-    MANAGED_LLAMACPP_TAG,
-    EngineConfigBase,
-    HttpEngineConfig,
-)
-from presto_client.orchestration.llamacpp_server import (
+from presto_client.child_servers.llamacpp import (
     DEFAULT_PARALLEL as LLAMACPP_DEFAULT_PARALLEL,
 )
-from presto_client.orchestration.llamacpp_server import (
+from presto_client.child_servers.llamacpp import (
     DEFAULT_SETUP_TIMEOUT_S as LLAMACPP_SETUP_TIMEOUT_S,
 )
-from presto_client.orchestration.llamacpp_server import (
+from presto_client.child_servers.llamacpp import (
     DEFAULT_STARTUP_TIMEOUT_S as LLAMACPP_STARTUP_TIMEOUT_S,
 )
-from presto_client.orchestration.llamacpp_server import MODEL as LLAMACPP_MODEL
+from presto_client.child_servers.llamacpp import MODEL as LLAMACPP_MODEL
+from presto_client.orchestration.engine_config import (
+    EngineConfigBase,
+    HttpEngineConfig,
+    register_engine_kind,
+)
+from presto_client.orchestration.engine_openers import StartedServerOpener
 from presto_client.orchestration.planned import LlamaCppServer
 
 
@@ -81,6 +78,7 @@ class ManagedLlamaCppConfig(EngineConfigBase):
 
     # The same model as the embedded engine's (its tokenizer, so its vocabulary and EOS).
     known_eos_token_id: ClassVar[int | None] = defaults.EMBEDDED_EOS_TOKEN_ID
+    starts_backend_server: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod
@@ -137,29 +135,4 @@ class ManagedLlamaCppConfig(EngineConfigBase):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class StartedServerOpener:
-    """Opens the HTTP engine of a server that presto started for the job."""
-
-    kind: str
-    name: str
-    top_k: int
-    max_concurrency: int
-    request_timeout_s: float
-
-    def open_replicas(self, embedded_urls: Mapping[str, str]) -> list[Any]:
-        if self.name not in embedded_urls:
-            raise ConfigError(f"engine {self.name}: its server was not started")
-        spec = EngineSpec(
-            kind=self.kind,
-            base_urls=(embedded_urls[self.name],),
-            top_k=self.top_k,
-            max_concurrency=self.max_concurrency,
-            request_timeout_s=self.request_timeout_s,
-            name=self.name,
-            vocab_size=defaults.EMBEDDED_VOCAB_SIZE,
-        )
-        return [create_engine(spec, 0)]
-
-
-ENGINE_TAGS[MANAGED_LLAMACPP_TAG] = ManagedLlamaCppConfig
+register_engine_kind(ManagedLlamaCppConfig)

@@ -14,8 +14,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
+from presto_client.child_servers.embedded import EmbeddedServer as EmbeddedProcess
+from presto_client.child_servers.lifecycle import ChildServer
+from presto_client.child_servers.llamacpp import LlamaServerProcess
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import DEFAULT_TOLERANCE
@@ -69,20 +72,38 @@ class ReplicaOpener(Protocol):
         ...
 
 
+class ServerToStart(Protocol):
+    """A server that presto starts for an engine before it opens (its URL is then the
+    engine's): plain settings, and the child process they make."""
+
+    what: ClassVar[str]
+    """The engine it serves, in an error message ("the embedded engine did not start")."""
+
+    def child(self) -> ChildServer:
+        """The server's process, not started yet."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class EmbeddedServer:
-    """An embedded CPU server to start before the engines open (its URL is then the
-    engine's)."""
+    """An embedded CPU server to start before the engines open."""
 
     port: int | None
     dtype: str
     startup_timeout_s: float
 
+    what: ClassVar[str] = "the embedded engine"
+
+    def child(self) -> ChildServer:
+        return EmbeddedProcess(
+            self.port, dtype=self.dtype, startup_timeout_s=self.startup_timeout_s
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class LlamaCppServer:
     """A llama.cpp server that presto sets up (once, cached) and starts before the engines
-    open (its URL is then the engine's)."""
+    open."""
 
     parallel: int
     port: int | None
@@ -90,6 +111,17 @@ class LlamaCppServer:
     setup_timeout_s: float
     threads: int | None = None
     """llama-server's threads (``None``: its default, every core)."""
+
+    what: ClassVar[str] = "the llama.cpp engine"
+
+    def child(self) -> ChildServer:
+        return LlamaServerProcess(
+            parallel=self.parallel,
+            port=self.port,
+            threads=self.threads,
+            startup_timeout_s=self.startup_timeout_s,
+            setup_timeout_s=self.setup_timeout_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +140,7 @@ class PlannedEngine:
     description: str
     """Where it is and what it serves, in words (``presto validate``)."""
     opener: ReplicaOpener
-    server: EmbeddedServer | LlamaCppServer | None = None
+    server: ServerToStart | None = None
     """A server presto starts for the engine before it opens (``None``: none)."""
     speculation_tolerance: float = DEFAULT_TOLERANCE
     """How much speculation may slow a decode step of a replica (its budget's tolerance)."""

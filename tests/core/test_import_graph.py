@@ -80,5 +80,5 @@ def test_no_import_circles() -> None:
 
 def test_the_graph_sees_lazy_imports() -> None:
     graph = _graph()
-    # engines.py imports the embedded launcher inside a function
-    assert "presto_client.embedded.launch" in graph["presto_client.orchestration.engines"]
+    # the embedded server's launcher reads the model's cache inside a function
+    assert "presto_client.embedded.model" in graph["presto_client.child_servers.embedded"]

@@ -39,7 +39,7 @@ def base_url() -> Iterator[str]:
     if url:
         yield url.rstrip("/")
         return
-    from presto_client.embedded.launch import embedded_server
+    from presto_client.child_servers.embedded import embedded_server
 
     with embedded_server(startup_timeout_s=900) as started:
         yield started

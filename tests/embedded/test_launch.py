@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from presto_client.embedded.launch import EmbeddedServerError, embedded_server
+from presto_client.child_servers.embedded import EmbeddedServerError, embedded_server
 
 pytestmark = pytest.mark.embedded
 
@@ -29,7 +29,7 @@ def test_port_clash_fails_fast_with_the_log() -> None:
 async def test_async_variant_starts_and_stops() -> None:
     import httpx
 
-    from presto_client.embedded.launch import async_embedded_server
+    from presto_client.child_servers.embedded import async_embedded_server
 
     async with (
         async_embedded_server(startup_timeout_s=300) as url,

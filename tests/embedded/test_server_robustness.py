@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from presto_client.embedded.launch import EmbeddedServer
+from presto_client.child_servers.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.embedded
 

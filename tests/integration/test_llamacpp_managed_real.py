@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from presto_client.cli import main
-from presto_client.orchestration import llamacpp_server
+from presto_client.child_servers import lifecycle
 
 pytestmark = pytest.mark.llamacpp
 
@@ -43,9 +43,9 @@ def server_processes(port: int) -> list[int]:
 def test_a_job_on_the_managed_engine_runs_and_stops_its_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = llamacpp_server.free_port()
+    port = lifecycle.free_port()
     seen: list[bool] = []
-    real_healthy = llamacpp_server._healthy
+    real_healthy = lifecycle.health_ok
 
     def healthy(url: str, timeout: float = 2.0) -> bool:
         ok = real_healthy(url, timeout)
@@ -53,8 +53,8 @@ def test_a_job_on_the_managed_engine_runs_and_stops_its_server(
             seen.append(bool(server_processes(port)))
         return ok
 
-    monkeypatch.setattr(llamacpp_server, "free_port", lambda: port)
-    monkeypatch.setattr(llamacpp_server, "_healthy", healthy)
+    monkeypatch.setattr(lifecycle, "free_port", lambda: port)
+    monkeypatch.setattr(lifecycle, "health_ok", healthy)
     config = {
         "name": "managed-llamacpp",
         "engines": [{"kind": "llamacpp", "parallel": 2}],

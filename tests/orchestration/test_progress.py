@@ -48,7 +48,7 @@ def test_progress_notes_reach_the_terminal_at_the_default_verbosity(
 def test_the_first_start_of_the_embedded_engine_says_what_it_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from presto_client.embedded.launch import EmbeddedServer, EmbeddedServerError
+    from presto_client.child_servers.embedded import EmbeddedServer, EmbeddedServerError
 
     monkeypatch.setenv("PRESTO_CACHE", str(tmp_path / "empty-cache"))
     fake = tmp_path / "fake-python"
