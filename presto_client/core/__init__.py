@@ -5,6 +5,6 @@
 - :mod:`.sampler_config`: the plain settings of one sampler, the names of samplers/traversals.
 - :mod:`.kernels`: the three MH kernels, every ``log A``; :mod:`.tree`: the prefetch tree and
   its traversal rules; :mod:`.predictor`, :mod:`.rng`, :mod:`.state`, :mod:`.logprob_math`.
-- :mod:`.runners` (sequential and PreSTO), :mod:`.stream_runner`, :mod:`.baseline_runners`:
+- :mod:`.runners` (sequential and PreSTO), :mod:`.stream`, :mod:`.baseline_runners`:
   one chain's walk against an engine; :mod:`.speculation`, :mod:`.stats`.
 """

@@ -31,7 +31,7 @@ from presto_client.core.sample_baselines import (
 from presto_client.core.sequential_runner import SequentialRunner
 from presto_client.core.settings import ROUND_SIZE, WINDOW, SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
-from presto_client.core.stream_runner import StreamRunner
+from presto_client.core.stream.walk import StreamRunner
 from presto_client.core.tree import TRAVERSAL_RULES, PlanRule
 
 MethodKind = Literal["mh", "baseline"]

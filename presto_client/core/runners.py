@@ -2,7 +2,7 @@
 
 The runners themselves live one concept a module: the base (:mod:`.chain_runner`), the
 sequential chain (:mod:`.sequential_runner`), PreSTO's rounds (:mod:`.presto_runner`), the
-streaming window (:mod:`.stream_runner`) and the baselines (:mod:`.baseline_runners`).
+streaming window (:mod:`.stream`) and the baselines (:mod:`.baseline_runners`).
 """
 
 from __future__ import annotations

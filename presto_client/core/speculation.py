@@ -275,7 +275,7 @@ class SpeculationBudget:
         own: int | None = None,
     ) -> bool:
         """Take ``sequences`` speculative slots, leaving ``reserved`` of those available for
-        proposals that come first but cannot be issued yet (see :meth:`StreamRunner._issue_early`).
+        proposals that come first but cannot be issued yet (see :meth:`StreamPolicy.early`).
         ``used``: how likely the proposal is to be used; past the tolerance it still goes out
         if that pays (:meth:`worth_past_the_tolerance`).
         The reservation holds only once the cost is measured (before that, the slow start grows

@@ -32,7 +32,7 @@ from presto_client.core.kernels import EntropyCut, MultiTryMH, PowerMH
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import PrestoRunner, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig
-from presto_client.core.stream_runner import StreamRunner
+from presto_client.core.stream.walk import StreamRunner
 from tests.support import exact_law as exact
 
 PROMPT = (0,)

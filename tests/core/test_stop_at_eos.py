@@ -22,7 +22,7 @@ from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig, replaying_names
 from presto_client.core.sequential_runner import SequentialRunner
 from presto_client.core.state import ChainState
-from presto_client.core.stream_runner import StreamRunner
+from presto_client.core.stream.walk import StreamRunner
 from tests.support import exact_law as exact
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")

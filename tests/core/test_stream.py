@@ -23,7 +23,7 @@ from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
-from presto_client.core.stream_runner import StreamRunner
+from presto_client.core.stream.walk import StreamRunner
 from presto_client.errors import EngineRequestError, EngineUnavailableError
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")

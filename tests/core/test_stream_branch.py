@@ -15,19 +15,33 @@ import math
 import numpy as np
 import pytest
 
-from presto_client.core import chain_runner, stream_runner
-from presto_client.core.accept_branch import AcceptPredictor
+from presto_client.core import chain_runner
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.rng import ChainRandomness
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.state import ChainState
-from presto_client.core.stream_flight import InFlight
-from presto_client.core.stream_runner import StreamRunner
-from tests.core.test_stream_overlap import UnrulyEngine, _extension_seeds, _walk
+from presto_client.core.stream import tuning
+from presto_client.core.stream.flight import InFlight
+from presto_client.core.stream.predictor import AcceptPredictor
+from presto_client.core.stream.rule import StreamRuleError
+from presto_client.core.stream.walk import StreamRunner
+from tests.core.test_stream_overlap import (
+    UnrulyEngine,
+    _extension_seeds,
+    _unchecked_take,
+    _walk,
+)
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
+
+
+def _floor(monkeypatch: pytest.MonkeyPatch, value: float) -> None:
+    """Every runner made from here on gets the default tuning with this survival floor."""
+    monkeypatch.setattr(
+        tuning, "DEFAULT_TUNING", dataclasses.replace(tuning.DEFAULT_TUNING, survival_floor=value)
+    )
 
 
 @dataclasses.dataclass
@@ -146,10 +160,15 @@ async def test_replay_catches_an_accept_branch_kept_after_its_head_rejected(
     # scorings of one context) would stop most such chains first.
     monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     monkeypatch.setattr(AcceptPredictor, "predict", lambda self: (1.0, 0))
-    monkeypatch.setattr(stream_runner, "SURVIVAL_FLOOR", 0.99)
+    _floor(monkeypatch, 0.99)
     out = await _replays(sampler, range(6), break_probability=0.0, window=6)
     assert out.same and out.issued > 0 and out.kept > 0
     monkeypatch.setattr(StreamRunner, "_branch_usable", lambda self, flight, state: True)
+    # The walk checks the rule again where it uses a proposal: it refuses to sample from one.
+    with pytest.raises(StreamRuleError, match="transition"):
+        await _replays(sampler, range(6), break_probability=0.0, window=6)
+    # Without that second check too, the replay check catches it.
+    monkeypatch.setattr(StreamRunner, "_take", _unchecked_take)
     out = await _replays(sampler, range(6), break_probability=0.0, window=6)
     assert out.issued > 0
     assert not out.same

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
-from presto_client.core import chain_runner, stream_runner
+from presto_client.core import chain_runner
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
@@ -25,13 +25,21 @@ from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
-from presto_client.core.stream_base import SPECULATIVE
-from presto_client.core.stream_flight import InFlight, join_chunks
-from presto_client.core.stream_runner import StreamRunner
+from presto_client.core.stream import tuning
+from presto_client.core.stream.flight import SPECULATIVE, InFlight, join_chunks
+from presto_client.core.stream.rule import StreamRuleError
+from presto_client.core.stream.walk import StreamRunner
 from presto_client.errors import EngineUnavailableError
 from tests.core.test_stream import _walk
 
 SAMPLERS = ("power_mh", "entropy_cut", "multi_try_mh")
+
+
+def _floor(monkeypatch: pytest.MonkeyPatch, value: float) -> None:
+    """Every runner made from here on gets the default tuning with this survival floor."""
+    monkeypatch.setattr(
+        tuning, "DEFAULT_TUNING", dataclasses.replace(tuning.DEFAULT_TUNING, survival_floor=value)
+    )
 
 
 class UnrulyEngine:
@@ -248,10 +256,20 @@ async def test_replay_catches_proposals_kept_from_a_rewritten_extension(
     monkeypatch.setattr(chain_runner, "DRIFT_LIMIT", math.inf)
     same, totals = await _replays("power_mh", range(8), break_probability=0.5)
     assert same and totals["rewritten"] > 0
-    monkeypatch.setattr(StreamRunner, "_confirm", lambda self, window, state: None)
+    monkeypatch.setattr(StreamRunner, "_confirm", lambda self, state: None)
+    # The walk checks the rule again where it uses a proposal: it refuses to sample from one.
+    with pytest.raises(StreamRuleError, match="transition"):
+        await _replays("power_mh", range(8), break_probability=0.5)
+    # Without that second check too, the replay check catches it.
+    monkeypatch.setattr(StreamRunner, "_take", _unchecked_take)
     same, totals = await _replays("power_mh", range(8), break_probability=0.5)
     assert totals["rewritten"] > 0
     assert not same
+
+
+def _unchecked_take(self: StreamRunner, m: int, state: ChainState) -> InFlight:
+    """The walk's use without its check of the rule."""
+    return self._window.pop(m)
 
 
 async def test_replay_catches_a_next_extension_kept_after_an_accept(
@@ -306,7 +324,7 @@ async def test_without_a_cap_the_window_reaches_every_remaining_transition(
 ) -> None:
     """With every proposal worth its tokens (no survival floor) and an open budget the window
     holds every remaining transition; a cap bounds it."""
-    monkeypatch.setattr(stream_runner, "SURVIVAL_FLOOR", 0.0)
+    _floor(monkeypatch, 0.0)
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
@@ -379,13 +397,13 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
     runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
-    rate = runner._accept_rate()  # the prior, 0.3
-    assert runner._survival([(5, rate), (30, rate), (30, rate)], 10) == pytest.approx(0.7)
+    rate = runner.policy.accept_rate()  # the prior, 0.3
+    assert runner.policy.survival([(5, rate), (30, rate), (30, rate)], 10) == pytest.approx(0.7)
     many = [(c, rate) for c in range(1, 10)]  # nine earlier smaller cuts: 0.7^9 = 0.04
-    assert runner._survival(many, 10) < stream_runner.SURVIVAL_FLOOR
-    assert runner._survival(many, 1) == 1.0
-    assert runner._survival([(5, 0.0)] * 9, 10) == 1.0  # known rejections threaten nothing
-    assert runner._survival([(5, 0.0), (7, 1.0)], 10) == 0.0  # a known accept rewrites it
+    assert runner.policy.survival(many, 10) < tuning.DEFAULT_TUNING.survival_floor
+    assert runner.policy.survival(many, 1) == 1.0
+    assert runner.policy.survival([(5, 0.0)] * 9, 10) == 1.0  # known rejections threaten nothing
+    assert runner.policy.survival([(5, 0.0), (7, 1.0)], 10) == 0.0  # a known accept rewrites it
     engine = _Counting(model)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
     result = await StreamRunner(engine, config, 1, None, window=None).run([1])
@@ -405,9 +423,9 @@ async def test_a_complete_proposal_threatens_later_ones_by_its_decision(sampler:
     kernel = runner.kernel
     (response,) = await runner.engine.generate([kernel.extension_request((2,), 5)])
     state = ChainState((2,), response)
-    rate = runner._accept_rate()
+    rate = runner.policy.accept_rate()
     flights = [runner._issue(state, 0, k, SPECULATIVE) for k in range(40)]
-    assert all(runner._threat(f, state) == (f.cut, rate) for f in flights)  # none complete
+    assert all(runner.policy.threat(f, state) == (f.cut, rate) for f in flights)  # none complete
     for flight in flights:
         while not flight.complete:
             flight.changed.clear()
@@ -416,17 +434,17 @@ async def test_a_complete_proposal_threatens_later_ones_by_its_decision(sampler:
     for flight in flights:
         proposals = [join_chunks(c) for c in flight.chunks]
         verdict = kernel.evaluate(state, flight.cut, proposals, flight.draws)
-        assert runner._threat(flight, state) == (flight.cut, float(verdict.accepted))
+        assert runner.policy.threat(flight, state) == (flight.cut, float(verdict.accepted))
         decisions.append(verdict.accepted)
     assert any(decisions) and not all(decisions)
     partial = ChainState((2,), response.slice(0, 10))  # the extension still streaming
-    assert all(runner._threat(f, partial) == (f.cut, rate) for f in flights)
+    assert all(runner.policy.threat(f, partial) == (f.cut, rate) for f in flights)
     (other,) = await runner.engine.generate([kernel.extension_request((2,), 6)])
     rewritten = ChainState((2,), other)
     differs = int(np.argmax(response.token_ids != other.token_ids))
     assert response.token_ids[differs] != other.token_ids[differs]
     past = [f for f in flights if f.cut > differs]
-    assert past and all(runner._threat(f, rewritten) == (f.cut, rate) for f in past)
+    assert past and all(runner.policy.threat(f, rewritten) == (f.cut, rate) for f in past)
     for flight in flights:
         runner._close(flight)
     await runner._drain()
@@ -448,24 +466,25 @@ async def test_on_a_compute_bound_engine_only_proposals_likely_used_go_out() -> 
         model = ReferenceModel(10, seed=3)
         config = SamplerConfig(block_size=40, steps_per_block=30)
         runner = StreamRunner(ReferenceEngine(model), config, 1, None, budget=budget)
-        floor = runner._survival_floor(1)  # as the refill sees it: the head alone in flight
-        window: dict[int, InFlight] = {}
-        runner._refill(window, state, 0, 0, 30)
+        floor = runner.policy.survival_floor(1)  # as the refill sees it: the head alone in flight
+        runner._enter_block(0)
+        runner._refill(state, 0)
+        window = dict(runner._window)
         return floor, window, runner
 
     steep_floor, steep, steep_runner = await refilled(0.01, 0.015)
     flat_floor, flat, flat_runner = await refilled(0.01, 0.0)
-    assert steep_floor == pytest.approx(0.6) and flat_floor == stream_runner.SURVIVAL_FLOOR
+    assert steep_floor == pytest.approx(0.6) and flat_floor == tuning.DEFAULT_TUNING.survival_floor
     for floor, window, runner in (
         (steep_floor, steep, steep_runner),
         (flat_floor, flat, flat_runner),
     ):
-        rate = runner._accept_rate()  # nothing is complete yet: every threat at the rate
+        rate = runner.policy.accept_rate()  # nothing is complete yet: every threat at the rate
         cuts = [(window[0].cut, rate)]
         for j in range(1, 30):
             draws = runner._transition_draws(0, j)
             cut = window[j].cut if j in window else runner.kernel.cut(state, draws.u_cut)
-            assert (j in window) == (runner._survival(cuts, cut) >= floor), j
+            assert (j in window) == (runner.policy.survival(cuts, cut) >= floor), j
             cuts.append((cut, rate))
         for flight in window.values():
             runner._close(flight)
@@ -481,7 +500,7 @@ async def test_a_transition_whose_prefix_is_not_in_keeps_its_slots(
     it: a later transition with an earlier cut may take only half of what is left, and leaves the
     rest to it, since the walk needs it first. (Without the reservation later transitions take
     the room, and transition 0 goes out as the walk's head once the extension is in.)"""
-    monkeypatch.setattr(stream_runner, "SURVIVAL_FLOOR", 0.0)
+    _floor(monkeypatch, 0.0)
     issued: list[tuple[int, str]] = []
     original = StreamRunner._issue
 

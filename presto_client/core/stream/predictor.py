@@ -27,10 +27,8 @@ from presto_client.core.engine_protocol import FloatArray, ScoredTokens
 from presto_client.core.kernels import Kernel, MultiTryMH
 from presto_client.core.rng import TransitionDraws
 from presto_client.core.state import ChainState
-from presto_client.core.stream_flight import InFlight
-
-PRIOR_TOKENS = 16.0
-"""Weight, in tokens, of the current suffix's per-token mean in the proposal's estimated mean."""
+from presto_client.core.stream.flight import InFlight
+from presto_client.core.stream.tuning import DEFAULT_TUNING
 
 
 def _normal_above(margin: float, scale: float) -> float:
@@ -61,10 +59,13 @@ class AcceptPredictor:
         cut: int,
         draws: TransitionDraws,
         length: int | None = None,
+        prior_tokens: float = DEFAULT_TUNING.prior_tokens,
     ):
         """``length``: the response's length once complete, if ``state`` holds only its first
         tokens (a block's extension streaming in): the current suffix's unseen tokens are then
-        extrapolated by its mean, as the proposal's are."""
+        extrapolated by its mean, as the proposal's are. ``prior_tokens``: the tuning's
+        (:attr:`~presto_client.core.stream.tuning.StreamTuning.prior_tokens`)."""
+        self._prior_tokens = prior_tokens
         x = state.response.slice(cut)
         self._alpha = kernel.alpha
         self._length = (state.length if length is None else length) - cut
@@ -100,9 +101,10 @@ class AcceptPredictor:
         rest = self._length - seen
         x_mean_logp0 = self._x_logp0 / max(self._length, 1)
         x_mean_logq = self._x_logq / max(self._length, 1)
-        weight = seen + PRIOR_TOKENS
-        mean_logp0 = (self._logp0 + PRIOR_TOKENS * x_mean_logp0) / weight
-        mean_logq = (self._logq + PRIOR_TOKENS * x_mean_logq) / weight[:, None]
+        prior = self._prior_tokens
+        weight = seen + prior
+        mean_logp0 = (self._logp0 + prior * x_mean_logp0) / weight
+        mean_logq = (self._logq + prior * x_mean_logq) / weight[:, None]
         logp0 = self._logp0 + rest * mean_logp0
         logq = self._logq + rest[:, None] * mean_logq
         scale = self._spread * (np.sqrt(rest) + rest / np.sqrt(weight))

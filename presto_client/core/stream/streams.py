@@ -1,10 +1,10 @@
 """The ``stream`` traversal's plumbing: proposals issued as streams, consumed into their
-:class:`~presto_client.core.stream_flight.Streamed` records, closed, and the engine's shared
+:class:`~presto_client.core.stream.flight.Streamed` records, closed, and the engine's shared
 budget kept in step with the sequences that hold a batch slot.
 
-:class:`StreamBase` holds no policy: which proposals go out, and when, is the walk's
-(:mod:`presto_client.core.stream_runner`); whether one is usable is the check here, the same for
-every proposal whatever state it was issued from.
+:class:`StreamIO` holds neither law nor policy: which proposals go out is the policy's
+(:mod:`presto_client.core.stream.policy`), whether one goes out and is used is the walk's
+(:mod:`presto_client.core.stream.walk`, by the rule of :mod:`presto_client.core.stream.rule`).
 """
 
 from __future__ import annotations
@@ -14,27 +14,20 @@ import contextlib
 import logging
 import time
 
-import numpy as np
-
 from presto_client.core.chain_runner import ChainRunner, RoundCallback
 from presto_client.core.engine_protocol import Engine, ProposalRequest
 from presto_client.core.rng import TransitionDraws
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
-from presto_client.core.stream_flight import InFlight, Streamed
+from presto_client.core.stream.flight import HEAD, InFlight, Streamed
+from presto_client.core.stream.tuning import StreamTuning
 from presto_client.errors import EngineError, InvalidResponseError
 
 logger = logging.getLogger(__name__)
 
-STREAM_RETRIES = 2
-"""A broken stream (connection lost midway) is re-requested this many times (same seed)."""
 
-HEAD = "head"
-SPECULATIVE = "speculative"
-
-
-class StreamBase(ChainRunner):
+class StreamIO(ChainRunner):
     """Issues, streams and closes one chain's proposals (see the module doc)."""
 
     def __init__(
@@ -44,14 +37,25 @@ class StreamBase(ChainRunner):
         seed: int,
         on_round: RoundCallback | None,
         budget: SpeculationBudget | None,
+        tuning: StreamTuning,
     ) -> None:
         super().__init__(engine, sampler, seed, on_round)
+        self.tuning = tuning
         self.budget = budget if budget is not None else SpeculationBudget.unmeasured()
         self._tasks: set[asyncio.Task[None]] = set()
         self._draws: dict[tuple[int, int], TransitionDraws] = {}
         self._issued_since = 0
         self._sequences_since = 0
         self._tokens_since = 0
+        self._open_transitions = 0
+        self._open_accepts = 0
+        self._open_wall = 0.0
+        self._rewritten: set[int] = set()
+        """Transitions of the block whose in-flight proposal an accept (or a restarted
+        extension) made unusable: if the walk then waits for them, the wait is a rewrite's."""
+        self._refused: set[int] = set()
+        """Transitions of the block that a refill would have issued but the engine's budget
+        refused: a wait for them is the budget's."""
 
     # ---- issuing and cancelling
 
@@ -150,13 +154,14 @@ class StreamBase(ChainRunner):
         """Stream sequence ``index`` into ``flight``; errors are kept for the walk to raise."""
         request = flight.requests[index]
         retries = 0
+        limit = self.tuning.stream_retries
         try:
             while True:
                 try:
                     await self._stream_once(flight, index, request)
                     return
                 except EngineError as exc:
-                    if not exc.retryable or retries >= STREAM_RETRIES:
+                    if not exc.retryable or retries >= limit:
                         raise
                     retries += 1
                     logger.info(
@@ -166,7 +171,7 @@ class StreamBase(ChainRunner):
                         flight.received[index],
                         exc,
                         retries,
-                        STREAM_RETRIES,
+                        limit,
                     )
                     # A fresh sample replaces the broken one: whether a stream breaks does not
                     # depend on its tokens, so the kernel is unchanged.
@@ -214,16 +219,51 @@ class StreamBase(ChainRunner):
         flight.finished[index] = True
         flight.changed.set()
 
-    # ---- usability
+    # ---- records
 
-    def _usable(self, flight: InFlight, state: ChainState) -> bool:
-        """Whether ``flight`` is the request the sequential chain would make from ``state``."""
-        current = state.response.token_ids[: flight.cut]
-        if not np.array_equal(current, flight.response_prefix):
-            return False
-        if self.kernel.state_dependent_cut:
-            return self.kernel.cut(state, flight.draws.u_cut) == flight.cut
-        return True
+    def _count_refusal(self, already: bool) -> None:
+        """A refill cut short by the engine's budget (once per refill)."""
+        if not already:
+            self.stats.budget_refusals += 1
+            self.stats.slot_refusals += self.budget.refused_for_slots
+            self.stats.unmeasured_refusals += self.budget.refused_unmeasured
+
+    def _count_wait(self, k: int, waited: float, reached: bool) -> None:
+        """Why the walk waited ``waited`` seconds for transition ``k``'s proposal: an earlier
+        accept rewrote the one in flight (only an accept branch avoids that); the engine's
+        budget refused it at a refill (a user can buy that back with the engine's
+        ``speculation_tolerance`` where the engine is latency-bound); it was held back as
+        unlikely to be used until the walk reached it (the survival floor); or it was in flight
+        in time and still generating (the rest of ``call_wall_s``)."""
+        if k in self._rewritten:
+            self.stats.rewrite_wait_s += waited
+        elif k in self._refused:
+            self.stats.budget_wait_s += waited
+        elif reached:
+            self.stats.floor_wait_s += waited
+
+    def _flush(self, block: int) -> None:
+        """Record the open call: one wait of the walk and the transitions decided after it
+        without waiting (so ``rounds`` counts waits and ``transitions_per_call`` transitions
+        per wait, as for the round-based rules)."""
+        if self._open_transitions == 0:
+            return
+        self.stats.rounds += 1
+        self.stats.call_wall_s.append(self._open_wall)
+        self._emit(
+            block=block,
+            kind="stream",
+            requests=self._issued_since,
+            sequences=self._sequences_since,
+            used=self._open_transitions,
+            transitions=self._open_transitions,
+            accepts=self._open_accepts,
+            wall_s=self._open_wall,
+            tokens=self._tokens_since,
+        )
+        self._issued_since = self._sequences_since = self._tokens_since = 0
+        self._open_transitions = self._open_accepts = 0
+        self._open_wall = 0.0
 
     async def _drain(self) -> None:
         """Wait for closed streams to finish closing (their HTTP connections released)."""

@@ -2,7 +2,8 @@
 
 A :class:`Streamed` is a block's extension or the sequences of one transition's proposal
 (:class:`InFlight`, which adds the transition's draws, cut and the prefix it was issued after).
-The runner (:mod:`presto_client.core.stream_runner`) fills them from the engine's streams.
+The walk (:mod:`presto_client.core.stream.walk`) fills them from the engine's streams
+(:mod:`presto_client.core.stream.streams`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ import numpy as np
 
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
 from presto_client.core.rng import TransitionDraws
+
+HEAD = "head"
+"""The role of what the walk waits for: the request the sequential chain makes anyway."""
+SPECULATIVE = "speculative"
+"""The role of a proposal issued ahead of the walk (it holds a slot of the engine's budget)."""
 
 
 def join_chunks(chunks: Sequence[ScoredTokens]) -> ScoredTokens:

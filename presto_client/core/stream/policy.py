@@ -1,0 +1,305 @@
+"""The ``stream`` traversal's speed policy: which proposals to ask the walk for, and when.
+
+Nothing here decides or issues. The policy reads the walk through a
+:class:`~presto_client.core.stream.view.WalkView` and asks it for proposals through a
+:class:`~presto_client.core.stream.view.ProposalSink`; the walk checks each one against the rule
+(:mod:`presto_client.core.stream.rule`) before it issues it, and again before it uses it. So
+every heuristic here can change without re-arguing the law: a wrong one costs tokens or time,
+or is caught by the walk's check, and never changes a sample.
+
+What is proposed: each transition's proposal beside the one the walk needs next while it is
+likely still to be usable at its turn (:meth:`StreamPolicy.survival`: each transition before it
+accepts at the chain's acceptance rate so far, or, once its proposal is complete, as the kernel
+decides it) and the engine's budget allows; while the block's extension streams, those whose cut
+lies in the prefix received (:meth:`StreamPolicy.early`); the next block's extension once this
+block's last transitions likely all reject (:meth:`StreamPolicy.next_extension`); and *accept
+branches*: the proposals of later transitions from the state a transition's accept would make,
+while that accept is likely (:meth:`StreamPolicy.scan`, with
+:class:`~presto_client.core.stream.predictor.AcceptPredictor`). Its constants are the
+:class:`~presto_client.core.stream.tuning.StreamTuning` it is given.
+"""
+
+from __future__ import annotations
+
+from presto_client.core.state import ChainState
+from presto_client.core.stream.flight import InFlight, join_chunks
+from presto_client.core.stream.predictor import AcceptPredictor, Watch
+from presto_client.core.stream.tuning import StreamTuning
+from presto_client.core.stream.view import Origin, Proposal, ProposalSink, WalkView
+from presto_client.errors import InvalidResponseError
+
+Threat = tuple[int, float]
+"""A transition before a proposal's: its cut, and how likely it accepts."""
+
+
+class StreamPolicy:
+    """Proposes what the walk should have in flight (see the module doc); speed only."""
+
+    def __init__(
+        self, view: WalkView, sink: ProposalSink, tuning: StreamTuning, *, accept_branch: bool
+    ) -> None:
+        self.view = view
+        self.sink = sink
+        self.tuning = tuning
+        self.accept_branch = accept_branch
+        self._watches: dict[int, Watch] = {}
+        """Accept predictors of the proposals whose branches are speculated, by transition."""
+        self._known: dict[int, tuple[InFlight, ChainState, float]] = {}
+        """Complete proposals' decisions by transition, for sizing (:meth:`threat`), with the
+        state each was made against."""
+
+    # ---- what the walk tells it (its own caches only)
+
+    def start_block(self) -> None:
+        self._known.clear()
+
+    def forget(self, k: int | None = None) -> None:
+        """Drop the accept predictions of transition ``k`` (``None``: all): the state they were
+        made against has changed."""
+        if k is None:
+            self._watches.clear()
+        else:
+            self._watches.pop(k, None)
+
+    # ---- sizing
+
+    def accept_rate(self) -> float:
+        pseudo_accepts, pseudo_transitions = self.tuning.accept_prior
+        view = self.view
+        return (view.accepts + pseudo_accepts) / (view.transitions + pseudo_transitions)
+
+    @staticmethod
+    def survival(threats: list[Threat], cut: int) -> float:
+        """How likely a proposal at ``cut`` is still usable once the transitions before it,
+        ``threats`` (their cuts and how likely each accepts), are decided: one that accepts at a
+        smaller cut rewrites the prefix. (For EntropyCut an accept at a larger cut may still
+        move the cut; not counted: an estimate for sizing, never a check.)"""
+        survival = 1.0
+        for threat_cut, odds in threats:
+            if threat_cut < cut:
+                survival *= 1.0 - odds
+        return survival
+
+    def survival_floor(self, sequences: int) -> float:
+        """How likely a speculative proposal of ``sequences`` must be to be used for it to be
+        proposed: the tuning's floor, or what it costs the sequences in flight if more
+        (:meth:`SpeculationBudget.marginal_cost`: on a compute-bound engine a proposal an
+        earlier accept likely rewrites slows the walk's head for nothing)."""
+        return max(self.tuning.survival_floor, self.view.budget.marginal_cost(sequences))
+
+    def threat(self, flight: InFlight, state: ChainState) -> Threat:
+        """``flight``'s transition as a threat to the proposals after it: its cut, and how likely
+        it accepts if the walk reaches it in ``state``. A complete proposal is decided the
+        moment the walk reaches it, so its odds are the kernel's own decision, known now
+        (a rejection is no threat: without this, a run of complete rejections ahead of the walk
+        held the proposals behind them back as if each might accept, and the walk, reaching
+        them all at once, then waited for those); before that, the chain's acceptance rate.
+        While the block's extension streams, ``state`` holds only its first tokens and nothing
+        is decided. For sizing only: the walk decides again, in order."""
+        rate = self.accept_rate()
+        if (
+            not flight.complete
+            or flight.error is not None
+            or flight.cut + flight.requests[0].num_tokens != state.length  # a partial state
+        ):
+            return flight.cut, rate
+        known = self._known.get(flight.k)
+        if known is None or known[0] is not flight or known[1] is not state:
+            odds = rate
+            if self.view.usable(flight, state):
+                proposals = [join_chunks(c) for c in flight.chunks]
+                try:
+                    verdict = self.view.kernel.evaluate(state, flight.cut, proposals, flight.draws)
+                except InvalidResponseError:
+                    pass  # the walk's own decision reports it, in order
+                else:
+                    if verdict.decided:
+                        odds = float(verdict.accepted)
+            known = self._known[flight.k] = (flight, state, odds)
+        return flight.cut, known[2]
+
+    def _last(self, m: int) -> int:
+        """One past the last transition the window may hold while the walk waits at ``m``."""
+        cap, steps = self.view.cap, self.view.steps
+        return steps if cap is None else min(m + cap, steps)
+
+    def in_flight(self) -> int:
+        """Proposals in flight: the head, the window's and every accept branch's."""
+        view = self.view
+        return 1 + len(view.window) + sum(len(b) for _, b in view.branches.values())
+
+    # ---- what to propose
+
+    def refill(self, state: ChainState, m: int) -> None:
+        """The walk is at ``m`` in ``state`` (its own proposal in flight): propose, in
+        transition order, those ahead worth their tokens, while the engine's budget allows."""
+        view = self.view
+        window = view.window
+        per = view.kernel.sequences_per_proposal
+        floor = self.survival_floor(per)
+        rate = self.accept_rate()
+        threats = [self.threat(window[m], state)]
+        refused = False
+        for j in range(m + 1, self._last(m)):
+            flight = window.get(j)
+            if flight is not None:
+                threats.append(self.threat(flight, state))
+                continue
+            cut = view.kernel.cut(state, view.draws(j).u_cut)
+            survival = self.survival(threats, cut)
+            threats.append((cut, rate))
+            if survival < floor:
+                continue  # likely rewritten before its turn: proposed when the walk is nearer
+            if refused or not view.budget.try_acquire(per, used=survival, own=per):
+                # The engine's budget is spent: speculate less, never out of order; what would
+                # have gone out is noted, so that a wait for it is counted as the budget's.
+                self.sink.refused(j, not refused)
+                refused = True
+                continue
+            self.sink.propose(Proposal(j, cut, state))
+
+    def early(self, partial: ChainState, length: int) -> None:
+        """The block's extension is in up to ``partial`` (``length`` once complete): propose the
+        transitions whose cut lies in it. All are speculative (the walk waits for the
+        extension): budget first, in transition order; with a cap ``W`` at most ``W − 1`` of
+        them, as when the walk waits for a head."""
+        view = self.view
+        window = view.window
+        steps, cap = view.steps, view.cap
+        last = steps if cap is None else min(cap - 1, steps)
+        per = view.kernel.sequences_per_proposal
+        floor = self.survival_floor(per)
+        rate = self.accept_rate()
+        threats: list[Threat] = []
+        reserved = 0
+        refused = False
+        for j in range(last):
+            flight = window.get(j)
+            if flight is not None:
+                threats.append((flight.cut, rate))  # nothing is decided before the extension
+                continue
+            cut = view.kernel.speculative_cut(partial, length, view.draws(j).u_cut)
+            survival = self.survival(threats, cut)
+            threats.append((cut, rate))
+            if survival < floor:
+                continue
+            if not view.ready(cut, partial.length):
+                # Its prefix is not in yet: a later chunk brings it. Its slots are kept for it,
+                # since the walk needs it before every later transition.
+                reserved += per
+                continue
+            if refused or not view.budget.try_acquire(per, reserved, survival, own=per):
+                self.sink.refused(j, not refused)
+                refused = True
+                continue
+            self.sink.propose(Proposal(j, cut, partial, Origin.EXTENSION))
+
+    def next_extension(self, left: int) -> bool:
+        """Whether to request the next block's extension now, ``left`` transitions before this
+        block ends: only once they likely all reject (an accept closes it), and the budget
+        allows (its slot is then taken)."""
+        if (1.0 - self.accept_rate()) ** left < self.survival_floor(1):
+            return False  # an accept among the transitions left would likely rewrite it
+        return self.view.budget.try_acquire(1)
+
+    def scan(self, state: ChainState, head: InFlight | None, first: int, length: int) -> None:
+        """Feed the head's and the next proposals' new tokens to their accept predictors, and
+        propose each one's accept branch (the others' assume the transitions before them
+        reject, which their branches' survival counts). ``head``: ``None`` while the block's
+        extension streams (``state`` holds its first tokens, ``length`` the whole)."""
+        view = self.view
+        cap = view.cap
+        left = view.steps - first
+        window = view.window
+
+        def limit(t: int) -> int | None:
+            # The head's branch is capped by the window's cap only; the others' keep all in
+            # flight (the head or the extension included) below the transitions left: they
+            # assume more, and are worth less.
+            if head is not None and t == head.k:
+                return cap
+            return left - 1 if cap is None else min(cap, left - 1)
+
+        threats: list[Threat] = []
+        for t in range(first, first + 1 + self.tuning.branch_watch):
+            flight = head if head is not None and t == head.k else window.get(t)
+            if flight is None:
+                continue
+            watch = self._watches.get(t)
+            if watch is None or watch.flight is not flight or watch.attempts != flight.attempts:
+                predictor = AcceptPredictor(
+                    view.kernel, state, flight.cut, flight.draws, length, self.tuning.prior_tokens
+                )
+                watch = self._watches[t] = Watch(flight, flight.attempts, predictor)
+                watch.fed = [0] * len(flight.requests)
+            news = False
+            for i, chunks in enumerate(flight.chunks):
+                while watch.fed[i] < len(chunks):
+                    watch.predictor.feed(i, chunks[watch.fed[i]])
+                    watch.fed[i] += 1
+                    news = True
+            if news and not (flight.complete and flight is head):
+                # survives iff the earlier in-flight transitions at smaller cuts all reject
+                prior_t = self.survival(threats, flight.cut)
+                self._branch(state, flight, watch.predictor, prior_t, limit(t), length)
+            threats.append(self.threat(flight, state))
+
+    def _branch(
+        self,
+        state: ChainState,
+        base: InFlight,
+        predictor: AcceptPredictor,
+        prior: float,
+        limit: int | None,
+        length: int,
+    ) -> None:
+        """Propose, from the state ``base``'s accept would make (its prefix, then the tokens of
+        the candidate it would splice received so far), the proposals of the transitions after
+        it whose cut lies past ``base``'s and inside those tokens, while that accept is likely
+        enough (``prior``: that ``base`` is still usable at its turn) and each proposal to
+        survive the transitions between; all in flight stay under ``limit``. Those already in
+        flight stay until ``base`` is decided; all are withdrawn when its accept has become
+        unlikely, or the candidate changes."""
+        tuning, view = self.tuning, self.view
+        probability, candidate = predictor.predict()
+        probability *= prior
+        entry = view.branches.get(base.k)
+        if entry is not None and entry[0] is not base:  # left from a proposal since replaced
+            self.sink.withdraw(base.k)
+            entry = None
+        branch = entry[1] if entry is not None else {}
+        if branch and (
+            probability < tuning.branch_drop * tuning.branch_floor
+            or any(flight.candidate != candidate for flight in branch.values())
+        ):
+            self.sink.withdraw(base.k)
+            branch = {}
+        if probability < tuning.branch_floor or not base.chunks[candidate]:
+            return
+        received = join_chunks(base.chunks[candidate])
+        partial = state.with_response(state.response.slice(0, base.cut).concat(received))
+        per = view.kernel.sequences_per_proposal
+        rate = self.accept_rate()
+        threats: list[Threat] = []
+        last = min(self._last(base.k), base.k + 1 + tuning.branch_span)
+        for j in range(base.k + 1, last):
+            flight = branch.get(j)
+            if flight is not None:
+                threats.append((flight.cut, rate))
+                continue
+            cut = view.kernel.speculative_cut(partial, length, view.draws(j).u_cut)
+            survival = probability * self.survival(threats, cut)
+            threats.append((cut, rate))
+            if cut <= base.cut:
+                continue  # the accept leaves its prefix as it is: the window's to propose
+            if not view.ready(cut, partial.length):
+                continue  # its prefix is not in yet: a later chunk may bring it
+            if survival < tuning.branch_floor:
+                continue
+            if limit is not None and self.in_flight() >= limit:
+                break
+            if not view.budget.try_acquire(per, used=survival, own=per):
+                break
+            self.sink.propose(
+                Proposal(j, cut, partial, Origin.BRANCH, base=base.k, candidate=candidate)
+            )
