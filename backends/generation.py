@@ -277,7 +277,7 @@ class Generation:
         fixes = self.adapter.repair_calls(part, body, label=p.label)
         extra = await self._repairs(fixes, p.headers) if fixes else []
         parsed = self.adapter.parse_generate_with(part, body, extra, label=p.label)
-        chunk = check_token_ids(parsed, self.spec.vocab_size, label=p.label)
+        chunk = check_token_ids(parsed, self.spec.vocab_size, label=p.label, engine=self.name)
         # A whole answer its parser accepted short stopped legitimately (at an EOS).
         end.taken, end.may_continue = len(chunk), True
         p.chunks.append(chunk)
@@ -330,7 +330,7 @@ class Generation:
                         break
                 if chunk is None or n == 0:
                     continue
-                check_token_ids(chunk, vocab, label=label)
+                check_token_ids(chunk, vocab, label=label, engine=self.name)
                 end.taken += n
                 p.total += n
                 if p.total > p.request.num_tokens:

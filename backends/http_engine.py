@@ -103,7 +103,7 @@ class HttpEngine(ProbeMixin):
         return answer_cap(self.spec, tokens, top_k)
 
     def _checked(self, raw: TokenLogprobs, label: str) -> TokenLogprobs:
-        return check_token_ids(raw, self.spec.vocab_size, label=label)
+        return check_token_ids(raw, self.spec.vocab_size, label=label, engine=self.name)
 
     # ---- properties
 

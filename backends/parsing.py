@@ -43,20 +43,30 @@ def logprob_value(value: Any, *, label: str, what: str) -> float:
     return min(x, 0.0)
 
 
-def check_token_ids(raw: TokenLogprobs, vocab_size: int | None, *, label: str) -> TokenLogprobs:
+def check_token_ids(
+    raw: TokenLogprobs, vocab_size: int | None, *, label: str, engine: str = ""
+) -> TokenLogprobs:
     """``raw`` if every id in it can be a token: none negative (``-1`` pads a top-K row) and,
-    when the vocabulary size is known, none at or past it; :class:`InvalidResponseError`
-    naming the first impossible id otherwise (a stored sample would carry it, unreadable)."""
+    when the vocabulary size is known (the config's, or the server's own: :mod:`.vocabulary`),
+    none at or past it; :class:`InvalidResponseError` naming the engine, the first impossible id
+    and the check otherwise (a stored sample would carry it, unreadable)."""
     for ids, floor, what in ((raw.token_ids, 0, "token"), (raw.top_ids, -1, "top-K")):
         if not ids.size:
             continue
         low, high = int(ids.min()), int(ids.max())
         if low < floor:
-            raise InvalidResponseError(f"{label}: the server returned {what} id {low} (negative)")
+            raise InvalidResponseError(
+                f"{label}: the server returned {what} id {low}, negative (the token-id check): "
+                "a broken server",
+                engine=engine,
+            )
         if vocab_size is not None and high >= vocab_size:
             raise InvalidResponseError(
-                f"{label}: the server returned {what} id {high}, outside the vocabulary of "
-                f"{vocab_size} tokens (vocab_size): a wrong model or a broken server"
+                f"{label}: the server returned {what} id {high}, outside the model's "
+                f"vocabulary of {vocab_size} tokens (the vocab_size check): another model "
+                "answers than the one measured at start, or a broken server; if the "
+                "vocabulary is larger, state it as engines[].vocab_size",
+                engine=engine,
             )
     return raw
 

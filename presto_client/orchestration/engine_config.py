@@ -276,8 +276,10 @@ class HttpEngineConfig(EngineConfigBase):
     vocab_size: int | None = Field(
         None,
         ge=2,
-        description="Vocabulary size (the model's config.json); needed for temperatures above "
-        "1, and token ids at or past it (answers, prompts) are refused. No server API gives it.",
+        description="Vocabulary size (the model's config.json); null: asked of the server at "
+        "start (llama.cpp's model listing, vLLM's and SGLang's refusal of an id past it), and one "
+        "given that the server contradicts is an error. Needed for temperatures above 1; token "
+        "ids at or past it (answers, prompts) are refused.",
     )
     probe: bool = Field(True, description="Probe the server (health, logprob semantics) first.")
     routing_key_header: str | None = Field(

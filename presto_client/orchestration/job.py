@@ -52,6 +52,11 @@ from presto_client.orchestration.prompt_tokens import decode, encode, encode_mes
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import ENGINE_IDENTITY, RunDir, check_output_dir
 from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
+from presto_client.orchestration.vocab_discovery import (
+    VOCAB_IDENTITY_KEY,
+    check_prompt_vocab,
+    resolve_vocab_sizes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -339,10 +344,19 @@ async def _run_chains(
         for name, eos in discovered.items():  # (fixed for the whole job, recorded in run.json)
             identities.setdefault(name, {})[EOS_IDENTITY_KEY] = eos
             engines[name].eos_token_id = eos
+        # (the recorded size, where there is one, spares a search; a different one is refused
+        # by the identity check below)
+        stored = run.run_info().get(ENGINE_IDENTITY, {})
+        vocab = await resolve_vocab_sizes(
+            engines, {n: (stored.get(n) or {}).get(VOCAB_IDENTITY_KEY) for n in engines}
+        )
+        for name, size in vocab.items():
+            identities.setdefault(name, {})[VOCAB_IDENTITY_KEY] = size
         run.record_engine_identity(identities)
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
         check_lengths(plan, engines, prompt_ids)
+        check_prompt_vocab(prompt_ids, vocab)
         arms_per_engine = Counter(a.engine for a in plan.arms)
         specs = [
             ChainSpec(

@@ -35,6 +35,7 @@ from presto_client.orchestration.orchestrator import (
 from presto_client.orchestration.planned import PlannedEngine
 from presto_client.orchestration.prompt_tokens import decode
 from presto_client.orchestration.shares import WorkerShare
+from presto_client.orchestration.vocab_discovery import resolve_engine_vocab
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,9 @@ class ChainWorker:
             )
             if self.probe and e.probes:
                 handle.probes = await probe_engine(handle)
+            # Each worker asks its servers, as the driver does (the driver's answer is not
+            # known yet when the workers open): every answer is checked in the worker.
+            await resolve_engine_vocab(name, replicas)
             self.opened[name] = handle
         self.orchestrator = Orchestrator(
             {

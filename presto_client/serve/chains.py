@@ -44,6 +44,7 @@ from presto_client.orchestration.eos_discovery import discover_eos_token_id
 from presto_client.orchestration.orchestrator import EnginePool, FifoSemaphore, LimitedEngine
 from presto_client.orchestration.plan import chain_seed, make_plan
 from presto_client.orchestration.prompt_tokens import decode, encode
+from presto_client.orchestration.vocab_discovery import resolve_engine_vocab
 from presto_client.urls import redact_text
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class ServedEngine:
             str(identity["model"]) if identity.get("model") is not None else None
         )
         self.eos_token_id = handle.eos_token_id
+        self.told_vocab_size: int | None = None
+        """The vocabulary size set on the replicas at open (the server's, else the stated)."""
         # The opened engine owns a speculation budget per replica: every request's chains on a
         # replica share it, as a job's chains do.
         self.pool = EnginePool(
@@ -136,6 +139,9 @@ class ServedEngine:
             handle = opened[name]
         identities = await engine_identities({name: handle})
         served = cls(cfg, handle, identities.get(name, {}))
+        # As a job does: the server's vocabulary, so an answer's ids are checked against it
+        # and a client's prompt ids outside it are the client's error (400), found at open.
+        served.told_vocab_size = await resolve_engine_vocab(name, handle.replicas)
         if served.eos_token_id is None and cfg.sampler.stop_at_eos and handle.takes_text:
             # As a job does: the server's end-of-turn token, asked once before any request.
             served.eos_token_id, why = await discover_eos_token_id(handle.replicas[0])
@@ -187,7 +193,10 @@ class ServedEngine:
 
     @property
     def vocab_size(self) -> int | None:
-        """The vocabulary size where the config gives it or the engine is known to have it."""
+        """The vocabulary size: the server's (asked at open), else the config's or the one
+        the engine is known to have."""
+        if self.told_vocab_size is not None:
+            return self.told_vocab_size
         first = self.config.engines[0]
         known = first.known_vocab_size()
         if known is None:

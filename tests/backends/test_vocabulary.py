@@ -1,5 +1,7 @@
 """Token ids a model cannot have are refused where answers are parsed (negative, or at or past
-the vocabulary size when it is known), and at the config edge for prompts."""
+the vocabulary size when it is known: the config's, or the server's own, see
+test_server_vocabulary.py), naming the engine and the check, and at the config edge for
+prompts."""
 
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ REQUEST = ProposalRequest((5, 6), 3, 1.0, 7, ScoreSpec((1.0,)))
 @pytest.mark.parametrize(
     ("ids", "vocab", "match"),
     [
-        ([3, 4, 100000], 64, r"token id 100000, outside the vocabulary of 64 tokens"),
-        ([3, -5, 4], None, r"token id -5 \(negative\)"),
+        ([3, 4, 100000], 64, r"token id 100000, outside the model's vocabulary of 64 tokens"),
+        ([3, -5, 4], None, r"token id -5, negative \(the token-id check\)"),
     ],
 )
 async def test_impossible_ids_in_an_answer_are_refused(

@@ -162,6 +162,7 @@ class EmulationServer:
         masked_token_ids: Sequence[int] = (),
         tokenizer: bool = False,
         end_of_turn_token_id: int | None = None,
+        checked_vocab_size: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -183,6 +184,10 @@ class EmulationServer:
         """With one, ``/tokenize`` renders messages through a chat template that closes each
         turn with this token (``add_generation_prompt``, ``continue_final_message`` honoured);
         without one, as ``role: content`` lines whatever the fields say (no template)."""
+        self.checked_vocab_size = vocab_size if checked_vocab_size is None else checked_vocab_size
+        """The vocabulary the server checks ids against (prompt ids, ``logit_bias``) and
+        states in its refusals; another than the model's makes a hostile server whose answers
+        hold ids past the vocabulary it says it has."""
         self.faults = Faults()
         self.stats = Stats()
         self._cache_blocks: set[tuple[int, ...]] = set()
@@ -437,8 +442,16 @@ class EmulationServer:
             )
         for p in prompts:
             for t in p:
-                if not 0 <= t < self.vocab_size:
+                if not 0 <= t < self.checked_vocab_size:
                     raise BadRequest(f"Token id {t} is out of vocabulary")
+        bias = body.get("logit_bias") or {}
+        wrong = [int(k) for k in bias if not 0 <= int(k) < self.checked_vocab_size]
+        if wrong:  # (vLLM 0.32's words: sampling_params._validate_logit_bias)
+            raise BadRequest(
+                f"token_id(s) {wrong} in logit_bias contain out-of-vocab token ids. "
+                f"Vocabulary size: {self.checked_vocab_size}",
+                "logit_bias",
+            )
         max_tokens = body.get("max_tokens", 16)
         if max_tokens is None:
             max_tokens = 16
@@ -717,10 +730,13 @@ class EmulationServer:
         top_n: int,
         start: int,
     ) -> dict[str, Any]:
-        if not input_ids or not all(
-            isinstance(t, int) and 0 <= t < self.vocab_size for t in input_ids
-        ):
+        if not input_ids or not all(isinstance(t, int) and t >= 0 for t in input_ids):
             raise BadRequest("input_ids must be a non-empty list of token ids in the vocabulary")
+        if max(input_ids) >= self.checked_vocab_size:  # (SGLang's words)
+            raise BadRequest(
+                f"The input_ids {input_ids} contains values greater than the vocab size "
+                f"({self.checked_vocab_size})."
+            )
         n = int(params.get("max_new_tokens", 128))
         temperature = float(params.get("temperature", 1.0))
         seed = params.get("sampling_seed")
