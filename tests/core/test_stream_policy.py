@@ -14,6 +14,7 @@ import inspect
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -272,3 +273,18 @@ async def test_the_walk_refuses_a_wrong_policy(
     runner.policy = wrong(right.view, right.sink, right.tuning, accept_branch=False)
     with pytest.raises(StreamRuleError, match=rf"transition \d+: .*{says}"):
         await runner.run([1])
+
+
+def test_the_policy_cannot_reach_the_walk() -> None:
+    """The speed policy's modules import neither the walk, its plumbing nor its rule: what
+    they know of the walk is the read-only view, and what they can do is propose."""
+    folder = Path(inspect.getfile(StreamPolicy)).parent
+    walk_side = {"walk", "streams", "rule"}
+    for name in ("policy", "predictor", "tuning", "view"):
+        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
+        imported = {
+            node.module.rpartition(".")[2]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert not imported & walk_side, (name, imported & walk_side)
