@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from presto_client.embedded.batching import BatchingEngine, SamplingParams
     from presto_client.child_servers.embedded import EmbeddedServer
+    from presto_client.embedded.batching import BatchingEngine, SamplingParams
     from presto_client.embedded.model import load_model
 
     loaded = load_model()

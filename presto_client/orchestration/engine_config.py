@@ -6,8 +6,9 @@ every other kind is a class of its own registered by its ``kind`` with
 in-process kind is one file that defines its class and registers it). A class may also take an
 HTTP kind for the entries that give no URL, when presto starts that backend's server itself
 (:attr:`EngineConfigBase.starts_backend_server`: ``kind: llamacpp`` without ``base_url``,
-:mod:`.llamacpp_engine`); it is registered the same way, under the tag ``<kind>-managed``. The job config's ``engines`` union is built from this registry, so a config error still
-names the field path and lists valid kinds.
+:mod:`.llamacpp_engine`); it is registered the same way, under the tag ``<kind>-managed``.
+The job config's ``engines`` union is built from this registry, so a config error still names
+the field path and lists valid kinds.
 
 Each class knows how its replicas are opened (:meth:`opener`: a plain object the plan holds, so
 nothing below the plan sees these models), how to describe itself (:meth:`describe`), what it

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from presto_client import defaults
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     ContextLimited,

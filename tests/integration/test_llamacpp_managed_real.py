@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from presto_client.cli import main
 from presto_client.child_servers import lifecycle
+from presto_client.cli import main
 
 pytestmark = pytest.mark.llamacpp
 

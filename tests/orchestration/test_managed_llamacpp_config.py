@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from presto_client.errors import ConfigError, EngineUnavailableError
 from presto_client.child_servers import llamacpp as llamacpp_server
 from presto_client.child_servers.llamacpp import DEFAULT_SETUP_TIMEOUT_S
+from presto_client.errors import ConfigError, EngineUnavailableError
 from presto_client.orchestration.config import HttpEngineConfig
-from presto_client.orchestration.engines import start_embedded_servers
 from presto_client.orchestration.engine_openers import StartedServerOpener
+from presto_client.orchestration.engines import start_embedded_servers
 from presto_client.orchestration.llamacpp_engine import ManagedLlamaCppConfig
 from presto_client.orchestration.loading import load_job_config
 from presto_client.orchestration.plan import make_plan
