@@ -153,8 +153,10 @@ pid_file() { echo "$HOME_DIR/server-$PORT.pid"; }
 # is still busy goes through the cache update on every retry while it waits (server-context.cpp,
 # get_available_slot: prompt_save, then prompt_load or prompt_clear, with no is_processing check)
 # and swaps another prompt's KV into the running generation: its rows turn to nonsense from
-# there on (reproduced at once, idle: identical rows up to the swap, then 0.17 vs 1.99 nats). The client
-# pins requests itself, so the cache saves it nothing.
+# there on (the stream replay's divergence under load; reproduced idle in seconds by
+# tests/integration/test_llamacpp_real.py::test_a_requests_rows_do_not_depend_on_what_else_the_
+# server_does). The client places requests on slots itself; the cache would only bring back a
+# prefix that no slot holds any more.
 server_cmd() {
     SERVER_CMD=("$BIN" -m "$GGUF" --host "$HOST" --port "$PORT" -np "$PARALLEL"
         -c $((2048 * PARALLEL)) --poll 0 --metrics --slots
