@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Sequence
-from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -41,12 +39,14 @@ from presto_client.backends.slots import SlotPlan
 from presto_client.backends.spec import EngineSpec
 from presto_client.backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
-from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
+from presto_client.core.engine_protocol import IntArray, ProposalRequest, ScoredTokens
 from presto_client.core.scoring import scored_from_raw
 from presto_client.errors import EngineError, EngineUnavailableError, InvalidResponseError
 
 # The engine's logger: what a user filters on is the engine, not the module of its loop.
 logger = logging.getLogger("presto_client.backends.http_engine")
+
+Out = TypeVar("Out")
 
 
 def proposal_label(request: ProposalRequest, index: int | None = None) -> str:
@@ -83,59 +83,42 @@ def _tail(tokens: TokenLogprobs, start: int) -> TokenLogprobs:
     )
 
 
-def _answer_tokens(body: Any) -> list[Any]:
-    """A whole answer's ``tokens``, where it lists them (what its slot's cache now holds)."""
+def _answer_tokens(prefix: Sequence[int], body: Any) -> Sequence[int]:
+    """What a slot's cache holds after a whole answer: the prefix and the answer's ``tokens``
+    (where it lists them)."""
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
-        return [tokens]
-    return []
+        return [*prefix, *tokens]
+    return prefix
 
 
-def _slot_holds(prefix: Sequence[int], generated: Sequence[Any]) -> np.ndarray:
-    """What a slot's cache holds after a request: its prefix and the tokens it generated."""
-    return np.concatenate(
-        [np.asarray(prefix, dtype=np.int64), *(np.asarray(g, dtype=np.int64) for g in generated)]
-    )
+def _generated_after(prefix: Sequence[int], chunks: Sequence[TokenLogprobs]) -> IntArray:
+    """What a slot's cache holds after a stream: its prefix and the tokens it generated."""
+    return np.concatenate([np.asarray(prefix, dtype=np.int64), *(c.token_ids for c in chunks)])
 
 
-@dataclass(slots=True)
-class _Proposal:
-    """One proposal being filled: what was asked, how its parts are sent, what came so far."""
-
-    request: ProposalRequest
-    model: str
-    label: str
-    headers: RequestHeaders | None
-    plan: SlotPlan | None
-    chunks: list[TokenLogprobs] = field(default_factory=list)
-    """The chunks kept: a continuation's prefix, and what a slot's cache holds."""
-    total: int = 0
-    """Tokens received over every part."""
-
-
-@dataclass(slots=True)
-class _PartEnd:
-    """How one part (one generation request) ended."""
-
-    taken: int = 0
-    """Tokens it brought."""
-    may_continue: bool = False
-    """It ended legitimately short: an end-of-generation token (a whole answer its parser
-    accepted; a stream whose last event says ``eos``)."""
-    gap: bool = False
-    """A streamed part left a token out: the rest comes from the whole proposal."""
+def _as_tokens(chunk: TokenLogprobs) -> TokenLogprobs:
+    return chunk
 
 
 class Generation:
     """The generation protocol of one replica: a proposal's tokens, whole or streamed, through
-    one loop (placement, repair, continuation). The engine owns it and sends nothing else
-    through it."""
+    one loop (placement, repair, continuation). The engine owns it."""
 
-    def __init__(self, spec: EngineSpec, adapter: Adapter, transport: Transport, name: str) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        adapter: Adapter,
+        transport: Transport,
+        name: str,
+        model: Callable[[], Awaitable[str]],
+    ) -> None:
         self.spec = spec
         self.adapter = adapter
         self.transport = transport
         self.name = name
+        self._model = model
+        """The served model's name (the engine discovers it once)."""
         self._slot_plan: SlotPlan | None = None
         self._slots_read = adapter.slots_path is None
         self._slots_lock = asyncio.Lock()
@@ -173,116 +156,168 @@ class Generation:
     # ---- the two paths
 
     async def whole(
-        self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
+        self, request: ProposalRequest, label: str, headers: RequestHeaders | None
     ) -> TokenLogprobs:
         """The proposal's tokens, every part fetched whole."""
-        chunks = [c async for c in self._fill(request, model, label, headers, stream=False)]
-        return _joined(chunks)
+        fill = self._fill(request, label, headers, _as_tokens, stream=False)
+        return _joined([chunk async for chunk in fill])
 
-    async def stream(
-        self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
+    def stream(
+        self, request: ProposalRequest, headers: RequestHeaders | None
     ) -> AsyncGenerator[ScoredTokens, None]:
         """The proposal's scores (raw modes), chunk by chunk as the server produces them;
         closing the iterator closes the HTTP stream."""
         if self.adapter.stream_closes_connection:
             sent = headers if headers is not None else self.transport.headers
             headers = RequestHeaders.of({**sent.plain, "Connection": "close"})
-        vocab = self.spec.vocab_size
-        async with aclosing(self._fill(request, model, label, headers, stream=True)) as chunks:
-            async for chunk in chunks:
-                yield scored_from_raw(chunk, request.scores, vocab)
+        scores, vocab = request.scores, self.spec.vocab_size
+
+        def scored(chunk: TokenLogprobs) -> ScoredTokens:
+            return scored_from_raw(chunk, scores, vocab)
+
+        return self._fill(request, proposal_label(request), headers, scored, stream=True)
 
     # ---- the one loop
 
     async def _fill(
         self,
         request: ProposalRequest,
-        model: str,
         label: str,
         headers: RequestHeaders | None,
+        out: Callable[[TokenLogprobs], Out],
         *,
         stream: bool,
-    ) -> AsyncGenerator[TokenLogprobs, None]:
-        """The tokens of ``request`` as they come, part by part (the module's protocol)."""
+    ) -> AsyncGenerator[Out, None]:
+        """The tokens of ``request`` as they come, part by part (the module's protocol), each
+        chunk handed out as ``out(chunk)``.
+
+        A streamed part is received here, not in a generator of its own: its loop runs once
+        per network read, the client's hottest path, and every generator level costs there.
+        """
+        model = await self._model()
         plan = self._slot_plan if self._slots_read else await self.slot_plan()
-        p = _Proposal(request, model, label, headers, plan)
+        adapter, vocab, watch = self.adapter, self.spec.vocab_size, self._watch
+        received: list[TokenLogprobs] = []  # the chunks kept: a continuation's prefix
+        total = 0
         part = request
         while True:
-            end = _PartEnd()
-            if stream:
-                async with aclosing(self._streamed_part(p, part, end)) as chunks:
-                    async for chunk in chunks:
-                        yield chunk
+            if not stream:
+                chunk = await self._whole_part(part, model, label, headers, plan)
+                received.append(chunk)
+                total += len(chunk)
+                yield out(chunk)
+                # A whole answer its parser accepted short stopped legitimately (at an EOS).
+                taken, may_continue, gap = len(chunk), True, False
             else:
-                yield await self._whole_part(p, part, end)
-            if end.gap:
-                rest = await self._unstreamed_rest(p)
+                taken, stop, gap = 0, None, False
+                call = adapter.build_generate(part, model, label=label, stream=True)
+                slot = plan.take(part.prefix) if plan is not None else None
+                if slot is not None:
+                    call = adapter.on_slot(call, slot)
+                first = len(received)
+                # Events arrive in batches (those completed by one network read), parsed and
+                # scored as one chunk: when the client falls behind, its costs per chunk are
+                # shared.
+                events = self.transport.stream_event_batches(
+                    call.path,
+                    call.payload,
+                    label=label,
+                    max_bytes=answer_cap(self.spec, part.num_tokens),
+                    headers=headers,
+                )
+                try:
+                    async for batch in events:
+                        chunk = adapter.parse_stream_events(part, batch, label=label)
+                        n = 0 if chunk is None else len(chunk)
+                        if watch:
+                            stop = adapter.stream_stop(batch) or stop
+                            generated = adapter.stream_generated(batch)
+                            if generated is not None and generated > taken + n:
+                                gap = True
+                                break
+                        if chunk is None or n == 0:
+                            continue
+                        check_token_ids(chunk, vocab, label=label, engine=self.name)
+                        taken += n
+                        total += n
+                        if total > request.num_tokens:
+                            raise EngineError(
+                                f"{label}: the stream delivered {total} tokens, "
+                                f"{request.num_tokens} were requested",
+                                engine=self.name,
+                            )
+                        if watch:
+                            received.append(chunk)
+                        yield out(chunk)
+                finally:
+                    await events.aclose()
+                    if plan is not None and slot is not None:
+                        plan.give_back(slot, _generated_after(part.prefix, received[first:]))
+                may_continue = stop == "eos"
+            if gap:
+                rest = await self._unstreamed_rest(request, received, label, headers)
                 if len(rest):
-                    yield rest
+                    yield out(rest)
                 return
-            if p.total >= request.num_tokens:
+            if total >= request.num_tokens:
                 return
             following = None
-            if end.taken and end.may_continue:
-                following = self.adapter.continuation(request, _joined(p.chunks))
+            if taken and may_continue:
+                following = adapter.continuation(request, _joined(received))
             if following is None:
-                raise self._short(p, stream=stream)
+                raise self._short(request, total, label, stream=stream)
             part = following
 
-    def _short(self, p: _Proposal, *, stream: bool) -> EngineError:
+    def _short(
+        self, request: ProposalRequest, total: int, label: str, *, stream: bool
+    ) -> EngineError:
+        """The error of a proposal that ended after ``total`` tokens with no way to go on."""
         if stream:
             # A stream that ends short without an error is a connection that went away
             # midway (the server died or restarted): a reader may request it again.
             return EngineUnavailableError(
-                f"{p.label}: the stream ended after {p.total} of {p.request.num_tokens} tokens "
+                f"{label}: the stream ended after {total} of {request.num_tokens} tokens "
                 "(the server is unavailable, or dropped the connection)",
                 engine=self.name,
                 retryable=True,
             )
         return InvalidResponseError(
-            f"{p.label}: the engine returned {p.total} of {p.request.num_tokens} tokens",
+            f"{label}: the engine returned {total} of {request.num_tokens} tokens",
             engine=self.name,
         )
 
-    # ---- one part, whole or streamed
-
-    def _placed(
-        self, p: _Proposal, part: ProposalRequest, call: HttpCall
-    ) -> tuple[HttpCall, int | None]:
-        """``call`` on the slot chosen for ``part`` (``None``: the server chooses)."""
-        slot = p.plan.take(part.prefix) if p.plan is not None else None
-        return (call, None) if slot is None else (self.adapter.on_slot(call, slot), slot)
-
     async def _whole_part(
-        self, p: _Proposal, part: ProposalRequest, end: _PartEnd
+        self,
+        part: ProposalRequest,
+        model: str,
+        label: str,
+        headers: RequestHeaders | None,
+        plan: SlotPlan | None,
     ) -> TokenLogprobs:
-        call, slot = self._placed(
-            p, part, self.adapter.build_generate(part, p.model, label=p.label)
-        )
+        """One part fetched whole, placed on a slot and repaired."""
+        call = self.adapter.build_generate(part, model, label=label)
+        slot = plan.take(part.prefix) if plan is not None else None
+        if slot is not None:
+            call = self.adapter.on_slot(call, slot)
         body = None
         try:
             body = await self.transport.request_json(
                 "POST",
                 call.path,
                 call.payload,
-                label=p.label,
+                label=label,
                 max_bytes=answer_cap(self.spec, part.num_tokens),
-                headers=p.headers,
+                headers=headers,
             )
         finally:
             # Given back before the repairs: they are not placed, and another proposal may
             # want this slot's cache now.
-            if p.plan is not None and slot is not None:
-                p.plan.give_back(slot, _slot_holds(part.prefix, _answer_tokens(body)))
-        fixes = self.adapter.repair_calls(part, body, label=p.label)
-        extra = await self._repairs(fixes, p.headers) if fixes else []
-        parsed = self.adapter.parse_generate_with(part, body, extra, label=p.label)
-        chunk = check_token_ids(parsed, self.spec.vocab_size, label=p.label, engine=self.name)
-        # A whole answer its parser accepted short stopped legitimately (at an EOS).
-        end.taken, end.may_continue = len(chunk), True
-        p.chunks.append(chunk)
-        p.total += len(chunk)
-        return chunk
+            if plan is not None and slot is not None:
+                plan.give_back(slot, _answer_tokens(part.prefix, body))
+        fixes = self.adapter.repair_calls(part, body, label=label)
+        extra = await self._repairs(fixes, headers) if fixes else []
+        parsed = self.adapter.parse_generate_with(part, body, extra, label=label)
+        return check_token_ids(parsed, self.spec.vocab_size, label=label, engine=self.name)
 
     async def _repairs(
         self, fixes: Sequence[HttpCall], headers: RequestHeaders | None
@@ -301,64 +336,22 @@ class Generation:
             ]
         )
 
-    async def _streamed_part(
-        self, p: _Proposal, part: ProposalRequest, end: _PartEnd
-    ) -> AsyncGenerator[TokenLogprobs, None]:
-        call = self.adapter.build_generate(part, p.model, label=p.label, stream=True)
-        call, slot = self._placed(p, part, call)
-        watch, adapter, vocab, label = self._watch, self.adapter, self.spec.vocab_size, p.label
-        first = len(p.chunks)
-        stop: str | None = None
-        # Events arrive in batches (those completed by one network read), parsed and scored
-        # as one chunk: when the client falls behind, its costs per chunk are shared.
-        events = self.transport.stream_event_batches(
-            call.path,
-            call.payload,
-            label=label,
-            max_bytes=answer_cap(self.spec, part.num_tokens),
-            headers=p.headers,
-        )
-        try:
-            async for batch in events:
-                chunk = adapter.parse_stream_events(part, batch, label=label)
-                n = 0 if chunk is None else len(chunk)
-                if watch:
-                    stop = adapter.stream_stop(batch) or stop
-                    generated = adapter.stream_generated(batch)
-                    if generated is not None and generated > end.taken + n:
-                        end.gap = True
-                        break
-                if chunk is None or n == 0:
-                    continue
-                check_token_ids(chunk, vocab, label=label, engine=self.name)
-                end.taken += n
-                p.total += n
-                if p.total > p.request.num_tokens:
-                    raise EngineError(
-                        f"{label}: the stream delivered {p.total} tokens, "
-                        f"{p.request.num_tokens} were requested",
-                        engine=self.name,
-                    )
-                if watch:
-                    p.chunks.append(chunk)
-                yield chunk
-        finally:
-            await events.aclose()
-            if p.plan is not None and slot is not None:
-                generated_ids = [c.token_ids for c in p.chunks[first:]]
-                p.plan.give_back(slot, _slot_holds(part.prefix, generated_ids))
-        end.may_continue = stop == "eos"
-
-    async def _unstreamed_rest(self, p: _Proposal) -> TokenLogprobs:
-        """What follows the chunks ``p`` streamed, from the whole proposal fetched unstreamed
-        as :meth:`whole` fetches it (its seeds give the same tokens, its repairs fill what the
-        stream left out)."""
-        whole = await self.whole(p.request, p.model, p.label, p.headers)
-        streamed = _joined(p.chunks).token_ids if p.chunks else np.zeros(0, dtype=np.int64)
+    async def _unstreamed_rest(
+        self,
+        request: ProposalRequest,
+        received: Sequence[TokenLogprobs],
+        label: str,
+        headers: RequestHeaders | None,
+    ) -> TokenLogprobs:
+        """What follows the chunks ``received`` of ``request``, from the whole proposal fetched
+        unstreamed as :meth:`whole` fetches it (its seeds give the same tokens, its repairs
+        fill what the stream left out)."""
+        whole = await self.whole(request, label, headers)
+        streamed = _joined(received).token_ids if received else np.zeros(0, dtype=np.int64)
         n = len(streamed)
         if len(whole) < n or not np.array_equal(whole.token_ids[:n], streamed):
             raise EngineError(
-                f"{p.label}: the proposal fetched again after its stream left a token out "
+                f"{label}: the proposal fetched again after its stream left a token out "
                 f"differs from what was streamed; {self.adapter.hint_for_seeds()}",
                 engine=self.name,
             )

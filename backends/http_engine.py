@@ -16,7 +16,6 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
 from typing import Any
 
 import numpy as np
@@ -92,8 +91,11 @@ class HttpEngine(ProbeMixin):
         self._model_lock = asyncio.Lock()
         self._seeds_honoured: bool | None = None
         self._scoring_ok: bool | None = None
-        self.generation = Generation(spec, adapter, self.transport, self.name)
+        self.generation = Generation(spec, adapter, self.transport, self.name, self.model)
         """How a proposal's tokens come out of the dialect (whole and streamed)."""
+        # Whether proposals stream is the dialect's and its mode's, fixed here: every stream
+        # asks, and building the capabilities each time is a cost per proposal.
+        self._streams = adapter.capabilities().streaming
         self.last_probe: ProbeReport | None = None
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
@@ -220,7 +222,7 @@ class HttpEngine(ProbeMixin):
     async def _generate_one(
         self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
     ) -> ScoredTokens:
-        generated = await self.generation.whole(request, model, label, headers)
+        generated = await self.generation.whole(request, label, headers)
         if self.adapter.semantics == RAW:
             return scored_from_raw(generated, request.scores, self.spec.vocab_size)
         raw = await self._score_raw(
@@ -230,7 +232,7 @@ class HttpEngine(ProbeMixin):
             generated, request.temperature, raw, request.scores, self.spec.vocab_size
         )
 
-    async def stream(
+    def stream(
         self, request: ProposalRequest, *, headers: RequestHeaders | None = None
     ) -> AsyncGenerator[ScoredTokens, None]:
         """Scores of one proposal, chunk by chunk as the server produces them.
@@ -241,15 +243,16 @@ class HttpEngine(ProbeMixin):
         streaming yield the whole proposal as one chunk. Closing the iterator closes the HTTP
         stream.
         """
-        label = proposal_label(request)
-        model = await self.model()
-        if not self.capabilities.streaming:
-            (whole,) = await self.generate([request], headers=headers)
-            yield whole
-            return
-        async with aclosing(self.generation.stream(request, model, label, headers)) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        if not self._streams:
+            return self._in_one_chunk(request, headers)
+        # The protocol's own generator, not one wrapped around it: a level per chunk costs.
+        return self.generation.stream(request, headers)
+
+    async def _in_one_chunk(
+        self, request: ProposalRequest, headers: RequestHeaders | None
+    ) -> AsyncGenerator[ScoredTokens, None]:
+        (whole,) = await self.generate([request], headers=headers)
+        yield whole
 
     async def _score_raw(
         self,
