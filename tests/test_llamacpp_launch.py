@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -77,6 +78,14 @@ def gone(pid: int, within_s: float = 5.0) -> bool:
                 return True
         time.sleep(0.05)
     return False
+
+
+@pytest.fixture(autouse=True)
+def own_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The servers' folders in the test's own: a failed start keeps its logs."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
 
 
 @pytest.fixture(autouse=True)
@@ -234,7 +243,11 @@ def test_the_server_dies_with_a_killed_presto(tmp_path: Path) -> None:
         "time.sleep(60)\n"
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # (a killed presto removes nothing)
     )
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "up"
