@@ -12,9 +12,10 @@ likely still to be usable at its turn (:meth:`StreamPolicy.survival`: each trans
 accepts at the chain's acceptance rate so far, or, once its proposal is complete, as the kernel
 decides it) and the engine's budget allows; while the block's extension streams, those whose cut
 lies in the prefix received (:meth:`StreamPolicy.early`); the next block's extension once this
-block's last transitions likely all reject (:meth:`StreamPolicy.next_extension`); and *accept
-branches*: the proposals of later transitions from the state a transition's accept would make,
-while that accept is likely (:meth:`StreamPolicy.scan`, with
+block's last transitions likely all reject (:meth:`StreamPolicy.next_extension`), and the
+next block's proposals whose cut lies in this block's response (:meth:`StreamPolicy.ahead`);
+and *accept branches*: the proposals of later transitions from the state a transition's
+accept would make, while that accept is likely (:meth:`StreamPolicy.scan`, with
 :class:`~presto_client.core.stream.predictor.AcceptPredictor`). Its constants are the
 :class:`~presto_client.core.stream.tuning.StreamTuning` it is given.
 """
@@ -124,9 +125,11 @@ class StreamPolicy:
         return steps if cap is None else min(m + cap, steps)
 
     def in_flight(self) -> int:
-        """Proposals in flight: the head, the window's and every accept branch's."""
+        """Proposals in flight: the head, the window's, every accept branch's and the next
+        block's."""
         view = self.view
-        return 1 + len(view.window) + sum(len(b) for _, b in view.branches.values())
+        branched = sum(len(b) for _, b in view.branches.values())
+        return 1 + len(view.window) + branched + len(view.ahead)
 
     # ---- what to propose
 
@@ -201,6 +204,44 @@ class StreamPolicy:
         if (1.0 - self.accept_rate()) ** left < self.survival_floor(1):
             return False  # an accept among the transitions left would likely rewrite it
         return self.view.budget.try_acquire(1)
+
+    def ahead(self, state: ChainState, m: int) -> None:
+        """The walk is at ``m`` in ``state`` with this block's proposals from ``m`` on in flight:
+        propose next-block proposals whose cut lies in ``state``'s response.
+
+        The next block's walk ends no sooner than its longest proposal, the one at the
+        smallest cut, and cannot start it before its extension is in; its prefix, though, is
+        this state's, and stays so unless an accept at a smaller cut rewrites it before this
+        block ends (the walk then closes it). So such proposals go out while they are likely
+        to survive this block's transitions left and the next block's before them, the
+        longest first, as the engine's budget allows: on a flat (latency-bound) engine the
+        whole next block is then one proposal's time shorter, which for MultiTryMH on the
+        job's shape (16 blocks of 192, K = 10) is most of what stream still waited for
+        (docs/benchmarks.md, "The job's shape")."""
+        view = self.view
+        window, ahead = view.window, view.ahead
+        per = view.kernel.sequences_per_proposal
+        floor = self.survival_floor(per)
+        rate = self.accept_rate()
+        length = state.length + view.block_size
+        threats = [self.threat(window[j], state) for j in range(m, view.steps)]
+        chosen: list[tuple[int, int, float]] = []
+        for j in range(view.steps):
+            flight = ahead.get(j)
+            if flight is not None:
+                threats.append((flight.cut, rate))
+                continue
+            cut = view.kernel.speculative_cut(state, length, view.next_draws(j).u_cut)
+            survival = self.survival(threats, cut)
+            threats.append((cut, rate))
+            if view.ready(cut, state.length) and survival >= floor:
+                chosen.append((cut, j, survival))
+        for cut, j, survival in sorted(chosen):
+            if view.cap is not None and self.in_flight() >= view.cap:
+                break
+            if not view.budget.try_acquire(per, used=survival, own=per):
+                break
+            self.sink.propose(Proposal(j, cut, state, Origin.NEXT_BLOCK))
 
     def scan(self, state: ChainState, head: InFlight | None, first: int, length: int) -> None:
         """Feed the head's and the next proposals' new tokens to their accept predictors, and

@@ -38,10 +38,22 @@ class StreamRuleError(RuntimeError):
 def usable(kernel: Kernel, flight: InFlight, state: ChainState) -> bool:
     """Whether ``flight`` is the request the sequential chain makes from ``state`` at its
     transition: the same tokens before the cut, and the cut the law draws there."""
-    current = state.response.token_ids[: flight.cut]
-    if not np.array_equal(current, flight.response_prefix):
+    if not follows(flight, state):
         return False
     return kernel.cut(state, flight.draws.u_cut) == flight.cut
+
+
+def follows(flight: InFlight, state: ChainState, length: int | None = None) -> bool:
+    """Whether ``state``'s response has the tokens ``flight`` was issued after (and, given
+    ``length``, ``flight`` fills a response of that length from its cut): a proposal for the
+    next block, issued before this block ended, may join that block's window only so; its
+    cut is checked against the law once the next extension is in (:func:`usable`)."""
+    if length is not None and (
+        flight.error is not None
+        or any(r.num_tokens != length - flight.cut for r in flight.requests)
+    ):
+        return False
+    return bool(np.array_equal(state.response.token_ids[: flight.cut], flight.response_prefix))
 
 
 def admission_problem(

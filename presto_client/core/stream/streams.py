@@ -60,12 +60,14 @@ class StreamIO(ChainRunner):
     # ---- issuing and cancelling
 
     def _transition_draws(self, block: int, k: int) -> TransitionDraws:
-        """Transition ``k``'s draws, computed once (the overlap asks for them per chunk)."""
+        """Transition ``k``'s draws, computed once (the overlap asks for them per chunk). A
+        block's and the next one's are asked in turn (the next block's proposals go out before
+        it starts), so only blocks further away are dropped."""
         key = (block, k)
         draws = self._draws.get(key)
         if draws is None:
-            if self._draws and next(iter(self._draws))[0] != block:
-                self._draws.clear()  # a new block: the previous one's draws are done with
+            for old in [old for old in self._draws if abs(old[0] - block) > 1]:
+                del self._draws[old]
             draws = self._draws[key] = self.randomness.transition(block, k)
         return draws
 
@@ -266,7 +268,8 @@ class StreamIO(ChainRunner):
         self._open_wall = 0.0
 
     async def _drain(self) -> None:
-        """Wait for closed streams to finish closing (their HTTP connections released)."""
-        pending = list(self._tasks)
+        """Wait for closed streams to finish closing (their HTTP connections released), not
+        for those still running: what was speculated for the next block streams on."""
+        pending = [task for task in self._tasks if task.cancelling()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)

@@ -33,6 +33,10 @@ class Origin(enum.Enum):
     BRANCH = "branch"
     """The state an in-flight proposal's accept would make: its prefix, then the tokens of one
     of its sequences received so far (an accept branch)."""
+    NEXT_BLOCK = "next_block"
+    """The state the walk holds at its head transition, for a transition of the next block
+    whose cut lies in this state's response (its prefix is this state's, the request's length
+    the response's once the next extension is in)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,11 @@ class WalkView(Protocol):
         ...
 
     @property
+    def block_size(self) -> int:
+        """Tokens a block's extension adds to the response."""
+        ...
+
+    @property
     def cap(self) -> int | None:
         """The most proposals in flight (the walk's own included); ``None``: no cap."""
         ...
@@ -89,8 +98,17 @@ class WalkView(Protocol):
         proposals of later transitions issued from the state that accept would make."""
         ...
 
+    @property
+    def ahead(self) -> Mapping[int, InFlight]:
+        """The next block's proposals in flight, by transition."""
+        ...
+
     def draws(self, k: int) -> TransitionDraws:
         """Transition ``k``'s draws in the block the walk is in."""
+        ...
+
+    def next_draws(self, k: int) -> TransitionDraws:
+        """Transition ``k``'s draws in the next block."""
         ...
 
     def ready(self, cut: int, received: int) -> bool:

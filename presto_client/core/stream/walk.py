@@ -47,12 +47,12 @@ import numpy as np
 
 from presto_client.core.chain_runner import ChainResult, RoundCallback
 from presto_client.core.engine_protocol import Engine
-from presto_client.core.kernels import Kernel, RejectionBound, Verdict
-from presto_client.core.rng import TransitionDraws
+from presto_client.core.kernels import RejectionBound, Verdict
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream import rule, tuning
+from presto_client.core.stream.face import Face
 from presto_client.core.stream.flight import HEAD, SPECULATIVE, InFlight, Streamed, join_chunks
 from presto_client.core.stream.policy import StreamPolicy
 from presto_client.core.stream.rule import StreamRuleError
@@ -72,7 +72,7 @@ class StreamRunner(StreamIO):
     policy asks for is checked (:meth:`propose`) and every proposal used is checked again
     (:meth:`_take`). The policy sees it as a :class:`~presto_client.core.stream.view.WalkView`
     and :class:`~presto_client.core.stream.view.ProposalSink`,
-    through :class:`_Face`."""
+    through :class:`~presto_client.core.stream.face.Face`."""
 
     def __init__(
         self,
@@ -86,6 +86,7 @@ class StreamRunner(StreamIO):
         early_rejection: bool = True,
         overlap: bool = True,
         accept_branch: bool | None = None,
+        next_block: bool | None = None,
         tuning: StreamTuning | None = None,
     ) -> None:
         """``window``: the most proposals in flight (the walk's own included); ``None``: as many
@@ -93,7 +94,9 @@ class StreamRunner(StreamIO):
         while the block's extension streams in. ``accept_branch``: while proposals stream,
         issue the ones the walk needs if they accept, when they likely will; ``None``: unless
         the cut law depends on the state (EntropyCut: such proposals are at guessed cuts, which
-        seldom hold, and measured slower). ``tuning``: the speed policy's constants."""
+        seldom hold, and measured slower). ``next_block``: issue next-block proposals whose cut
+        lies in this block's response; ``None``: unless the cut law depends on the state (then
+        the next extension's tokens move it). ``tuning``: the speed policy's constants."""
         chosen = tuning if tuning is not None else _default_tuning()
         super().__init__(engine, sampler, seed, on_round, budget, chosen)
         if window is not None and window < 1:
@@ -104,7 +107,8 @@ class StreamRunner(StreamIO):
         self.accept_branch = (
             not self.kernel.state_dependent_cut if accept_branch is None else accept_branch
         )
-        face = _Face(self)
+        self.next_block = not self.kernel.state_dependent_cut if next_block is None else next_block
+        face = Face(self)
         self.policy = StreamPolicy(face, face, chosen, accept_branch=self.accept_branch)
         """What to speculate (speed only): it proposes, the walk checks and issues."""
         self._window: dict[int, InFlight] = {}
@@ -125,6 +129,12 @@ class StreamRunner(StreamIO):
         self._branch_source: tuple[InFlight, int, int, ChainState, ChainState] | None = None
         self._next: tuple[Streamed, np.ndarray] | None = None
         """The next block's extension, speculated from the state whose response it follows."""
+        self._ahead: dict[int, InFlight] = {}
+        """The next block's proposals in flight (block :attr:`_ahead_block`), by transition."""
+        self._ahead_block = -1
+        self.ahead_issued = 0
+        """Next-block proposals issued, and those the next block kept (:meth:`_adopt_ahead`)."""
+        self.ahead_kept = 0
         self.branch_issued = 0
         """Accept-branch proposals issued, and those the walk kept (their head accepted)."""
         self.branch_kept = 0
@@ -176,7 +186,7 @@ class StreamRunner(StreamIO):
         """Issue ``proposal`` if it is the request the sequential chain makes at its transition
         from the state it names (the rule's :func:`~presto_client.core.stream.rule.
         admission_problem`); a proposal that is not is the policy's bug, raised."""
-        k, steps = proposal.k, self.config.steps_per_block
+        k, steps, block = proposal.k, self.config.steps_per_block, self._block
         if proposal.origin is Origin.BRANCH:
             base = self._head if self._head is not None and self._head.k == proposal.base else None
             base = base if base is not None else self._window.get(proposal.base)
@@ -188,6 +198,14 @@ class StreamRunner(StreamIO):
                 raise StreamRuleError(k, f"not inside {base.k}'s proposal (cut {base.cut})")
             source = self._branch_state(base, proposal.candidate)
             length = self._length
+        elif proposal.origin is Origin.NEXT_BLOCK:
+            source = self._at
+            if source is None or not 0 <= k < steps or k in self._ahead:
+                raise StreamRuleError(k, "not a free transition of the next block")
+            if block + 1 >= self.config.num_blocks:
+                raise StreamRuleError(k, "a next-block proposal in the last block")
+            block += 1
+            length = source.length + self.config.block_size  # once its extension is in
         else:
             low = self._m + 1 if self._at is not None else 0
             if not low <= k < steps or k in self._window:
@@ -201,7 +219,7 @@ class StreamRunner(StreamIO):
                 if source is None or self._at is not None:
                     raise StreamRuleError(k, "no extension streaming to take a prefix from")
             length = self._length
-        draws = self._transition_draws(self._block, k)
+        draws = self._transition_draws(block, k)
         problem = rule.admission_problem(
             self.kernel,
             proposal.state,
@@ -214,11 +232,15 @@ class StreamRunner(StreamIO):
         )
         if problem is not None:
             raise StreamRuleError(k, problem)
-        flight = self._issue(source, self._block, k, SPECULATIVE, cut=proposal.cut, length=length)
+        flight = self._issue(source, block, k, SPECULATIVE, cut=proposal.cut, length=length)
         if proposal.origin is Origin.BRANCH:
             flight.candidate = proposal.candidate
             self._branches.setdefault(proposal.base, (base, {}))[1][k] = flight
             self.branch_issued += 1
+        elif proposal.origin is Origin.NEXT_BLOCK:
+            self._ahead[k] = flight
+            self._ahead_block = block
+            self.ahead_issued += 1
         else:
             self._window[k] = flight
         return flight
@@ -289,6 +311,7 @@ class StreamRunner(StreamIO):
         length = self._length = state.length + request.num_tokens
         started = time.perf_counter()
         extension = self._adopt_next(state)
+        self._adopt_ahead(state, block, length)
         if extension is None:
             extension = Streamed(-1, [request], HEAD)
             self._start(extension)
@@ -334,6 +357,31 @@ class StreamRunner(StreamIO):
         extension.role = HEAD
         return extension
 
+    def _adopt_ahead(self, state: ChainState, block: int, length: int) -> None:
+        """The previous block's next-block proposals join the window if they are this block's
+        and follow ``state`` (:func:`~presto_client.core.stream.rule.follows`); the rule is
+        checked again once the extension is in (:meth:`_confirm`) and at use (:meth:`_take`)."""
+        ahead, self._ahead = self._ahead, {}
+        for k, flight in ahead.items():
+            if self._ahead_block == block and rule.follows(flight, state, length):
+                self._window[k] = flight
+                self.ahead_kept += 1
+            else:
+                self._close(flight)
+                self.stats.requests_cancelled += 1
+
+    def _speculate_ahead(self, state: ChainState, m: int) -> None:
+        """Let the policy propose next-block proposals (:meth:`StreamPolicy.ahead`) once this
+        block's from ``m`` on are all in flight, unless the chain would stop in ``state``."""
+        if (
+            self.next_block
+            and self.overlap
+            and self._block + 1 < self.config.num_blocks
+            and len(self._ahead) < self.config.steps_per_block
+            and not self._stops(state)
+        ):
+            self.policy.ahead(state, m)
+
     def _speculate_next(self, state: ChainState, block: int, m: int, steps: int) -> None:
         """Request the next block's extension from ``state`` if the policy finds it worth it
         (it is closed if one of the transitions left accepts)."""
@@ -354,12 +402,20 @@ class StreamRunner(StreamIO):
         return not self._stops(state)
 
     def _drop_next(self, state: ChainState | None) -> None:
-        """Close the speculated extension if ``state`` (``None``: any) no longer matches it."""
+        """Close what was speculated for the next block that ``state`` (``None``: any) no longer
+        leads to: the extension unless the response is the same, a proposal unless the tokens
+        before its cut are; all once ``state`` holds an EOS (the chain stops after this block
+        unless a later accept removes it, which is seldom worth their tokens)."""
         if self._next is not None and (
             state is None or not self._extension_usable(self._next[1], state)
         ):
             self._close(self._next[0])
             self._next = None
+        stops = state is not None and bool(self._ahead) and self._stops(state)
+        for k, flight in list(self._ahead.items()):
+            if state is None or stops or not rule.follows(flight, state):
+                self._close(self._ahead.pop(k))
+                self.stats.requests_cancelled += 1
 
     def _confirm(self, state: ChainState) -> None:
         """Close what the whole extension does not confirm (a restarted stream rewrote the
@@ -417,6 +473,7 @@ class StreamRunner(StreamIO):
         self.policy.refill(state, m)
         if all(j in self._window for j in range(m, steps)):
             self._speculate_next(state, self._block, m, steps)
+            self._speculate_ahead(state, m)
 
     async def _transition(
         self, state: ChainState, flight: InFlight, block: int, reached: bool = False
@@ -537,62 +594,3 @@ class StreamRunner(StreamIO):
 def _default_tuning() -> StreamTuning:
     """Looked up when a runner is made (not at import), so that a test may replace it."""
     return tuning.DEFAULT_TUNING
-
-
-class _Face:
-    """The walk as the policy sees it: read-only, plus the three requests of the sink."""
-
-    __slots__ = ("_walk",)
-
-    def __init__(self, walk: StreamRunner) -> None:
-        self._walk = walk
-
-    @property
-    def kernel(self) -> Kernel:
-        return self._walk.kernel
-
-    @property
-    def budget(self) -> SpeculationBudget:
-        return self._walk.budget
-
-    @property
-    def steps(self) -> int:
-        return self._walk.config.steps_per_block
-
-    @property
-    def cap(self) -> int | None:
-        return self._walk.window
-
-    @property
-    def accepts(self) -> int:
-        return self._walk.stats.accepts
-
-    @property
-    def transitions(self) -> int:
-        return self._walk.stats.transitions
-
-    @property
-    def window(self) -> Mapping[int, InFlight]:
-        return self._walk._window
-
-    @property
-    def branches(self) -> Mapping[int, tuple[InFlight, Mapping[int, InFlight]]]:
-        return self._walk._branches
-
-    def draws(self, k: int) -> TransitionDraws:
-        return self._walk._transition_draws(self._walk._block, k)
-
-    def ready(self, cut: int, received: int) -> bool:
-        return self._walk._ready(cut, received)
-
-    def usable(self, flight: InFlight, state: ChainState) -> bool:
-        return self._walk._usable(flight, state)
-
-    def propose(self, proposal: Proposal) -> InFlight:
-        return self._walk.propose(proposal)
-
-    def withdraw(self, base: int) -> None:
-        self._walk.withdraw(base)
-
-    def refused(self, k: int, first: bool) -> None:
-        self._walk.refused(k, first)
