@@ -19,8 +19,8 @@ A proposal is filled part by part, each part one generation request:
   streamed part that ends early is a connection that went away, marked retryable for the
   walk).
 
-Scores are not made here: the engine turns the tokens into scores (and, in scaled modes, adds
-its scoring call).
+A streamed chunk is scored here as it comes (streams are raw modes only); a whole proposal's
+tokens go back to the engine, which scores them (in scaled modes after its scoring call).
 """
 
 from __future__ import annotations
@@ -202,12 +202,12 @@ class Generation:
         part = request
         while True:
             if not stream:
-                chunk = await self._whole_part(part, model, label, headers, plan)
-                received.append(chunk)
-                total += len(chunk)
-                yield out(chunk)
+                answer = await self._whole_part(part, model, label, headers, plan)
+                received.append(answer)
+                total += len(answer)
+                yield out(answer)
                 # A whole answer its parser accepted short stopped legitimately (at an EOS).
-                taken, may_continue, gap = len(chunk), True, False
+                taken, may_continue, gap = len(answer), True, False
             else:
                 taken, stop, gap = 0, None, False
                 call = adapter.build_generate(part, model, label=label, stream=True)
