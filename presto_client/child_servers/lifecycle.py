@@ -14,6 +14,7 @@ wrong (a failed start, a death): then it is kept, and every message names it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar
@@ -97,6 +99,8 @@ class ChildServer:
         self._keep_workdir = False
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self._listeners_lock = threading.Lock()
 
     # ---- what a kind of server says --------------------------------------------------------
 
@@ -241,10 +245,9 @@ class ChildServer:
             cause = f"the {self.name} (pid {proc.pid}) at {url} {exit_cause(code)}"
             tail = log_tail(log) if log is not None else ""
             if self.restarts >= self.max_restarts:
-                self.failure = (
+                self._give_up(
                     f"{cause} after {self.restarts} restart(s); its log: {log}; log tail:\n{tail}"
                 )
-                logger.error("%s", self.failure)
                 return
             self.restarts += 1
             logger.error(
@@ -261,10 +264,38 @@ class ChildServer:
             try:
                 self._launch(port_of(url))
             except (ChildServerError, OSError) as exc:
-                self.failure = f"the {self.name} at {url} died and could not be restarted: {exc}"
-                logger.error("%s", self.failure)
+                self._give_up(f"the {self.name} at {url} died and could not be restarted: {exc}")
                 return
             progress.info("the %s restarted at %s (pid %d)", self.name, url, self.pid)
+
+    def on_failure(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(failure)`` once the server is gone for good (at once when it already
+        is), from the watch's thread; returns what removes it. A job that depends on the
+        server stops on it rather than retrying a dead port for its restart window."""
+        with self._listeners_lock:
+            failure = self.failure
+            if failure is None:
+                self._listeners.append(listener)
+        if failure is not None:
+            listener(failure)
+
+        def remove() -> None:
+            with self._listeners_lock, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
+
+    def _give_up(self, failure: str) -> None:
+        """Record and say that the server is gone for good, and tell whoever listens."""
+        with self._listeners_lock:
+            self.failure = failure
+            listeners, self._listeners = self._listeners, []
+        logger.error("%s", failure)
+        for listener in listeners:
+            try:
+                listener(failure)
+            except Exception:  # (a listener's bug must not end the watch's report)
+                logger.exception("a listener of the %s's failure failed", self.name)
 
     def stop(self) -> None:
         """Stop the watch and the child's process group, and remove its folder (kept when

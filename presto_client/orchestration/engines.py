@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from presto_client.child_servers.lifecycle import ChildServer
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import (
     ContextLimited,
@@ -78,23 +79,33 @@ class OpenedEngine:
 
 
 def start_embedded_servers(
-    plan: JobPlan, stack: contextlib.ExitStack, only: Sequence[str] | None = None
+    plan: JobPlan,
+    stack: contextlib.ExitStack,
+    only: Sequence[str] | None = None,
+    *,
+    started: dict[str, ChildServer] | None = None,
 ) -> dict[str, str]:
     """Start the server of every engine that asks for one (the embedded engine, a managed
     llama.cpp: :mod:`presto_client.child_servers`); stopped when ``stack`` closes. Returns
-    engine name → base URL."""
+    engine name → base URL; ``started`` receives engine name → its server (for a
+    :class:`~presto_client.orchestration.server_watch.ServerWatch`)."""
     urls: dict[str, str] = {}
     for e in plan.engines.values():
         if e.server is None or (only is not None and e.name not in only):
             continue
-        urls[e.name] = _start_server(e.name, e.server, stack)
+        child = e.server.child()
+        urls[e.name] = _start_server(e.name, e.server, child, stack)
+        if started is not None:
+            started[e.name] = child
     return urls
 
 
-def _start_server(name: str, server: ServerToStart, stack: contextlib.ExitStack) -> str:
+def _start_server(
+    name: str, server: ServerToStart, child: ChildServer, stack: contextlib.ExitStack
+) -> str:
     logger.info("starting %s of engine %s: %s", server.what, name, server)
     try:
-        return stack.enter_context(server.child())
+        return stack.enter_context(child)
     except (RuntimeError, OSError) as exc:
         raise EngineUnavailableError(f"{server.what} did not start: {exc}", engine=name) from exc
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from presto_client.child_servers.lifecycle import ChildServer
 from presto_client.core.engine_protocol import Engine
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.stats import RoundRecord, TransitionRecord
@@ -51,6 +52,7 @@ from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_k
 from presto_client.orchestration.prompt_tokens import decode, encode, encode_messages
 from presto_client.orchestration.quality import ChainGrader, make_chain_grader
 from presto_client.orchestration.rundir import ENGINE_IDENTITY, RunDir, check_output_dir
+from presto_client.orchestration.server_watch import ServerFailedError, ServerWatch
 from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
 from presto_client.orchestration.vocab_discovery import (
     VOCAB_IDENTITY_KEY,
@@ -255,11 +257,14 @@ async def run_job_async(
     sinks: Sequence[ChainSink] = (),
     probe: bool = True,
     on_start: Any = None,
+    servers: Mapping[str, ChildServer] | None = None,
 ) -> JobResult:
     """Run (or resume) a planned job into its run directory.
 
     ``engine_overrides`` replaces engines by name with ready-made replicas (tests, Python
     callers). ``on_start(total, finished)`` is called once the run directory is open.
+    ``servers`` (engine name → the server presto started for it) are watched: one gone for
+    good stops the job at once with :class:`JobFailedError` naming its cause and log.
     Cancellation stops every chain and is re-raised, with the summary of what finished written.
     """
     start = time.perf_counter()
@@ -291,10 +296,17 @@ async def run_job_async(
             if not todo:
                 logger.info("all %d chain(s) already finished in %s", len(plan.chains), run.path)
             else:
-                result = await _run_chains(
-                    plan, run, todo, embedded_urls, engine_overrides, sinks, probe, executor
-                )
+                async with ServerWatch(servers) as watch:
+                    # (a dead server would otherwise be retried for the engine's restart
+                    # window, then fail the chains without naming why)
+                    result = await watch.race(
+                        _run_chains(
+                            plan, run, todo, embedded_urls, engine_overrides, sinks, probe, executor
+                        )
+                    )
                 completed_ok = True
+        except ServerFailedError as exc:
+            raise JobFailedError(f"{exc}\n{_resume_note(run)}") from None
         finally:
             run.close(completed=completed_ok)
             # (a fresh run that never wrote anything is removed at close: no summary of
@@ -310,6 +322,13 @@ async def run_job_async(
         failed=len(result.failed),
         wall_s=time.perf_counter() - start,
         workers=[w for ex in started for w in ex.worker_stats],
+    )
+
+
+def _resume_note(run: RunDir) -> str:
+    return (
+        f"Finished chains are saved in {run.path}; fix the cause and rerun the same command "
+        "to resume (finished chains are skipped, failed ones retried)."
     )
 
 
@@ -410,11 +429,7 @@ async def _run_chains(
             stopping = False
             return ran
         except JobFailedError as exc:
-            raise JobFailedError(
-                f"{exc}\nFinished chains are saved in {run.path}; fix the cause and rerun "
-                "the same command to resume (finished chains are skipped, failed ones "
-                "retried)."
-            ) from None
+            raise JobFailedError(f"{exc}\n{_resume_note(run)}") from None
         finally:
             # Every engine's counters at once; briefly when stopping (engines.py says why).
             timeout_s = METRICS_TIMEOUT_STOPPING_S if stopping else METRICS_TIMEOUT_S
@@ -462,8 +477,9 @@ def run_job(plan: JobPlan, **kwargs: Any) -> JobResult:
     """Blocking :func:`run_job_async`, starting (and stopping) embedded servers around it."""
     check_output_dir(plan.output_dir)  # a config error before any engine starts
     with contextlib.ExitStack() as stack:
-        urls = start_embedded_servers(plan, stack, only=pending_engines(plan))
+        servers: dict[str, ChildServer] = {}
+        urls = start_embedded_servers(plan, stack, only=pending_engines(plan), started=servers)
         factory = event_loop_factory()
         logger.debug("event loop: %s", "uvloop" if factory is not None else "asyncio")
         with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(run_job_async(plan, embedded_urls=urls, **kwargs))
+            return runner.run(run_job_async(plan, embedded_urls=urls, servers=servers, **kwargs))

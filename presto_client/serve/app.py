@@ -42,9 +42,10 @@ from presto_client.errors import (
     ConfigError,
     EngineError,
 )
+from presto_client.orchestration.server_watch import ServerWatch
 from presto_client.serve.admission import Admission
 from presto_client.serve.chains import ChainBatch, ServedEngine
-from presto_client.serve.errors import ApiError, error_for, invalid
+from presto_client.serve.errors import ApiError, error_for, invalid, server_gone
 from presto_client.serve.mapping import Limits, batch_for, check_config_within
 from presto_client.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from presto_client.serve.metrics import Metrics
@@ -161,6 +162,8 @@ class Service:
         self._health_task: asyncio.Future[str | None] | None = None
         self._health_at = 0.0
         self._cut = asyncio.Event()
+        self.watch = ServerWatch()
+        """The engine's started server, when presto started it (set by ``start_service``)."""
         self.cut_requests = 0
         """Requests that were running when the grace period ended (answered 503)."""
 
@@ -219,6 +222,8 @@ class Service:
         """A stopping service answers every new request but /health and /metrics with 503."""
         if self.admission.draining and request.path not in ("/health", "/metrics"):
             raise self.admission.closing()
+        if self.watch.failed is not None and request.path not in ("/health", "/metrics"):
+            raise server_gone(self.watch.failed)  # (rather than retry a dead port for minutes)
         return await handler(request)
 
     @web.middleware
@@ -242,6 +247,9 @@ class Service:
         clients ask: /health needs no key and must not become a way to load the upstream."""
         if self.admission.draining:
             return _json({"status": "draining", "engine": self.engine.name}, 503)
+        if self.watch.failed is not None:
+            gone = server_gone(self.watch.failed).message
+            return _json({"status": "gone", "engine": self.engine.name, "upstream": gone}, 503)
         now = time.monotonic()
         if self._health_task is None or (
             self._health_task.done() and now - self._health_at >= HEALTH_TTL_S
@@ -349,13 +357,19 @@ class Service:
             raise self.admission.closing()
         run = asyncio.ensure_future(self.engine.run(batch, on_block))
         cut = asyncio.ensure_future(self._cut.wait())
+        stops: set[asyncio.Future[Any]] = {cut}
+        if self.watch.servers:  # (the engine's server gone for good ends the request too)
+            stops.add(asyncio.ensure_future(self.watch.wait()))
         try:
-            await asyncio.wait({run, cut}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({run, *stops}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            cut.cancel()
+            for stop in stops:
+                stop.cancel()
             if not run.done():
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
+        if self.watch.failed is not None and (run.cancelled() or run.exception() is not None):
+            raise server_gone(self.watch.failed)
         if run.cancelled():
             self.cut_requests += 1
             error = self.admission.closing()

@@ -157,6 +157,9 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
         )
     options = options_from(args, cfg)
     with contextlib.ExitStack() as stack:
-        urls = start_embedded_servers(make_plan(cfg, ()), stack, only=[str(cfg.engines[0].name)])
+        servers: dict[str, Any] = {}
+        urls = start_embedded_servers(
+            make_plan(cfg, ()), stack, only=[str(cfg.engines[0].name)], started=servers
+        )
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            return runner.run(serve_until_stopped(cfg, options, urls))
+            return runner.run(serve_until_stopped(cfg, options, urls, servers))

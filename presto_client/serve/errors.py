@@ -78,6 +78,18 @@ def client_text(text: str) -> str:
     return _ADDRESS.sub("<upstream>", redact_text(text))
 
 
+def server_gone(failure: BaseException) -> ApiError:
+    """The 503 of a service whose engine's started server is gone for good: its cause (the
+    first line: the log tail is the operator's), no address; no Retry-After, as only a restart
+    of ``presto serve`` brings it back."""
+    cause = str(failure).splitlines()[0].removesuffix("; log tail:")
+    return ApiError(
+        503,
+        f"{client_text(cause)}; nothing is served until presto serve is restarted",
+        code="upstream_gone",
+    )
+
+
 def error_for(exc: BaseException) -> ApiError:
     """The API error an exception in a handler answers with (never the upstream's address)."""
     if isinstance(exc, ApiError):

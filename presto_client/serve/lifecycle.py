@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from presto_client.orchestration.config import JobConfig
+from presto_client.orchestration.server_watch import ServerWatch, WatchedServer
 from presto_client.serve.app import ServeOptions, Service
 from presto_client.serve.chains import ServedEngine
 from presto_client.serve.guard import (
@@ -57,14 +58,18 @@ async def start_service(
     *,
     embedded_urls: dict[str, str] | None = None,
     replicas: Sequence[Any] | None = None,
+    servers: Mapping[str, WatchedServer] | None = None,
 ) -> RunningService:
-    """Open the config's first engine and serve it on ``options.host:options.port``."""
+    """Open the config's first engine and serve it on ``options.host:options.port``;
+    ``servers``: the server presto started for it (gone for good: every request is a 503)."""
     stack = contextlib.AsyncExitStack()
     try:
+        watch = await stack.enter_async_context(ServerWatch(servers))
         engine = await ServedEngine.open(
             cfg, stack, embedded_urls=embedded_urls, probe=options.probe, replicas=replicas
         )
         service = Service(engine, options)
+        service.watch = watch
         runner = web.AppRunner(
             service.app(),
             handler_cancellation=True,
@@ -93,7 +98,10 @@ async def start_service(
 
 
 async def serve_until_stopped(
-    cfg: JobConfig, options: ServeOptions, embedded_urls: dict[str, str] | None = None
+    cfg: JobConfig,
+    options: ServeOptions,
+    embedded_urls: dict[str, str] | None = None,
+    servers: Mapping[str, WatchedServer] | None = None,
 ) -> int:
     """Serve until SIGINT/SIGTERM, then drain; the exit status (0: nothing was cut).
 
@@ -104,15 +112,18 @@ async def serve_until_stopped(
     second signal cuts at once; a third one is the signal's default (the process ends)."""
     flood = install_log_flood()
     try:
-        return await _serve_until_stopped(cfg, options, embedded_urls)
+        return await _serve_until_stopped(cfg, options, embedded_urls, servers)
     finally:
         remove_log_flood(*flood)
 
 
 async def _serve_until_stopped(
-    cfg: JobConfig, options: ServeOptions, embedded_urls: dict[str, str] | None
+    cfg: JobConfig,
+    options: ServeOptions,
+    embedded_urls: dict[str, str] | None,
+    servers: Mapping[str, WatchedServer] | None,
 ) -> int:
-    running = await start_service(cfg, options, embedded_urls=embedded_urls)
+    running = await start_service(cfg, options, embedded_urls=embedded_urls, servers=servers)
     service = running.service
     stop = asyncio.Event()
     now = asyncio.Event()
