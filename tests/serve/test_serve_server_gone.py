@@ -10,8 +10,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -54,6 +55,30 @@ class FakeServer(ChildServer):
         return [sys.executable, "-c", SERVE, str(port)]
 
 
+class Stalling(ReferenceEngine):
+    """The reference engine whose requests hang once ``stalled`` is set: a dead server's
+    connection retried for the engine's restart window."""
+
+    stalled = False
+
+    async def _wait(self) -> None:
+        if self.stalled:
+            await asyncio.sleep(3600)
+
+    async def generate(self, requests: Sequence[Any]) -> list[Any]:
+        await self._wait()
+        return await super().generate(requests)
+
+    async def stream(self, request: Any) -> AsyncIterator[Any]:
+        await self._wait()
+        async for part in super().stream(request):
+            yield part
+
+    async def score(self, requests: Sequence[Any]) -> list[Any]:
+        await self._wait()
+        return await super().score(requests)
+
+
 @pytest.fixture(autouse=True)
 def own_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     temp = tmp_path / "temp"
@@ -65,7 +90,7 @@ async def test_a_service_whose_server_is_gone_answers_503_naming_the_cause(
     tmp_path: Path,
 ) -> None:
     cfg = load(write_config(tmp_path / "job.yaml", reference_job(tmp_path / "run")))
-    replica = ReferenceEngine(ReferenceModel(16), name="ref")
+    replica = Stalling(ReferenceModel(16), name="ref")
     server = FakeServer()
     server.start()
     try:
@@ -77,6 +102,9 @@ async def test_a_service_whose_server_is_gone_answers_503_naming_the_cause(
             async with httpx.AsyncClient(base_url=running.url, timeout=30) as client:
                 ok = await client.post("/v1/completions", json=body)
                 assert ok.status_code == 200, ok.text
+                replica.stalled = True  # (the server is about to die: its requests hang)
+                running_request = asyncio.create_task(client.post("/v1/completions", json=body))
+                await asyncio.sleep(0.2)
                 pid = server.pid
                 assert pid is not None
                 os.kill(pid, signal.SIGKILL)
@@ -84,12 +112,15 @@ async def test_a_service_whose_server_is_gone_answers_503_naming_the_cause(
                 while running.service.watch.failed is None:
                     assert time.monotonic() < deadline, "the failure never reached the service"
                     await asyncio.sleep(0.05)
+                # the request that was running is answered at once, not after the window
+                cut = await asyncio.wait_for(running_request, timeout=10)
                 gone = await client.post("/v1/completions", json=body)
                 health = await client.get("/health")
         finally:
             await running.aclose()
     finally:
         server.stop()
+    assert cut.status_code == 503 and cut.json()["error"]["code"] == "upstream_gone", cut.text
     assert gone.status_code == 503, gone.text
     error = gone.json()["error"]
     assert error["code"] == "upstream_gone"
