@@ -31,7 +31,9 @@ Traps, each handled here:
 One distribution per context needs the server's KV cache in bf16 (``-fa on -ctk bf16 -ctv
 bf16``): with f16 or f32 the CPU flash attention picks its kernel by batch size and context
 length, and the Q4_1 matmuls' Q8 activations amplify the rounding differences to 0.1-0.5 nats
-of ``log Z`` between two requests of one context (docs/backends.md).
+of ``log Z`` between two requests of one context (docs/backends.md). One answer per request
+needs ``--cache-ram 0``: with the host prompt cache, a request pinned to a busy slot (as the
+engine places them) has the server load another prompt's KV into the running generation.
 
 Exact scores: no prompt-logprob route exists, but a one-token generation whose sampled token is
 forced by a logit bias reports the raw ``log p0`` of that token (logit biases act after the
@@ -341,7 +343,7 @@ class LlamaCppAdapter(Adapter):
     max_top_k: ClassVar[int | None] = None
     start_hint: ClassVar[str] = (
         "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics -fa on "
-        "-ctk bf16 -ctv bf16`; or "
+        "-ctk bf16 -ctv bf16 --cache-ram 0`; or "
         "`bash scripts/llamacpp.sh start` for the CPU test server (port 8790)"
     )
     tokenize_paths: ClassVar[tuple[str, ...]] = ("/tokenize",)
