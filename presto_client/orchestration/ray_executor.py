@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,10 @@ from presto_client.orchestration.orchestrator import (
     replay_chain,
 )
 from presto_client.orchestration.planned import ExecutorSettings, JobPlan, JobSettings
+from presto_client.orchestration.ray_output import RayOutput
+from presto_client.orchestration.ray_reaper import MARK_VAR
+from presto_client.orchestration.ray_reaper import start as start_reaper
+from presto_client.orchestration.ray_reaper import stop as stop_reaper
 from presto_client.orchestration.ray_worker import ChainReport, ChainWorker
 from presto_client.orchestration.shares import deal, worker_shares
 
@@ -127,9 +132,13 @@ def _package_root() -> str:
 class RaySession:
     """Ray, joined or started for a job; ``close`` shuts down only what it started."""
 
-    def __init__(self, ray: Any, started: bool) -> None:
+    def __init__(
+        self, ray: Any, started: bool, reaper: subprocess.Popen[bytes] | None = None
+    ) -> None:
         self.ray = ray
         self.started = started
+        self.reaper = reaper
+        self.output = RayOutput()
 
     @classmethod
     async def connect(cls, settings: ExecutorSettings) -> RaySession:
@@ -161,6 +170,14 @@ class RaySession:
         def init() -> None:
             ray.init(**kwargs)
 
+        # A local instance's processes carry a mark of their own (set around the start only:
+        # what this process starts later is not Ray's), which the reaper kills them by once this
+        # process is gone, even by SIGKILL (see ray_reaper).
+        reaper = None
+        if address is None:
+            mark = secrets.token_hex(16)
+            reaper = start_reaper(mark)
+            os.environ[MARK_VAR] = mark
         try:
             async with asyncio.timeout(settings.connect_timeout_s + 30.0):
                 # (a local start takes seconds; never on the event loop)
@@ -173,14 +190,24 @@ class RaySession:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = "a local Ray instance" if address is None else f"the cluster at {address!r}"
             raise ConfigError(f"executor.address: could not start or join {where}: {exc}") from None
+        finally:
+            os.environ.pop(MARK_VAR, None)
+            if reaper is not None and not ray.is_initialized():
+                stop_reaper(reaper)  # (what a failed start left)
         _reclaim_signals()
-        return cls(ray, started=True)
+        session = cls(ray, started=True, reaper=reaper)
+        session.output.install()
+        return session
 
     def close(self) -> None:
         """Shut down what :meth:`connect` started (blocking, about a second: the job's last
         step, when nothing else runs on its loop)."""
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
+        self.output.uninstall()
+        if self.reaper is not None:
+            stop_reaper(self.reaper)  # (and what the shutdown left: the agents linger too)
+            self.reaper = None
 
 
 class RayExecutor:
