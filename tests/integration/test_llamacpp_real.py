@@ -4,9 +4,10 @@ SmolLM2-135M-Instruct as it is).
 
 What is checked is what the kernel relies on: the returned logprob of a sampled token is the raw
 ``log p0`` (the forced scoring of the same token agrees; a full row sums to one), the top-K has K
-entries, a seed reproduces a proposal alone and beside others in parallel slots, the
-continuation after an EOS gives the requested length, and the sequential and stream chains are
-the same token for token on the server.
+entries, a seed reproduces a proposal alone and beside others in parallel slots, a request's
+rows do not change while another request waits for its slot (--cache-ram 0), the continuation
+after an EOS gives the requested length, and the sequential and stream chains are the same
+token for token on the server.
 """
 
 from __future__ import annotations
