@@ -77,7 +77,10 @@ def test_serve_runs_the_server_with_the_flags_of_start(tmp_path: Path) -> None:
     one = run(tmp_path, "serve", "--port", port, "--parallel", "3", "--threads", "1")
     # one distribution per context: flash attention on a bf16 KV cache (docs/backends.md)
     assert "-fa on --cache-type-k bf16 --cache-type-v bf16" in served
-    assert one.returncode == 0 and one.stdout.strip().endswith("bf16 -t 1"), one.stdout
+    # no host prompt cache: it swaps another prompt's KV into a generation that waits on a
+    # pinned busy slot (docs/backends.md; tests/integration/test_llamacpp_real.py checks it)
+    assert " --cache-ram 0" in served
+    assert one.returncode == 0 and one.stdout.strip().endswith("--cache-ram 0 -t 1"), one.stdout
     start = run(tmp_path, "start", "--port", port, "--parallel", "3", "--timeout", "10")
     # The fake exits at once: start reports it died, with its log (the same command line).
     assert start.returncode != 0 and "server died" in start.stderr
