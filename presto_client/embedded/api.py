@@ -206,6 +206,93 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+def _check_fields(body: dict[str, Any]) -> None:
+    """Refuse a field the engine does not know, and one it knows only at its neutral values:
+    either could change the sampled distribution, which the engine will not guess at."""
+    unknown = sorted(set(body) - _HANDLED_FIELDS - _IGNORED_FIELDS - set(_NEUTRAL_VALUES))
+    if unknown:
+        raise ApiError(
+            f"unsupported field(s) {', '.join(unknown)}: the embedded engine does not know "
+            "them and will not guess whether they change the sampled distribution",
+            param=unknown[0],
+        )
+    for name, neutral in _NEUTRAL_VALUES.items():
+        if name in body and not _is_neutral(body[name], neutral):
+            if name == "top_p":
+                value = body[name]
+                if isinstance(value, int | float) and not 0.0 < value <= 1.0:
+                    raise ApiError(
+                        f"top_p must be in (0, 1], got {value}.", param="top_p", value=value
+                    )
+                raise ApiError(
+                    f"top_p={value} is not supported by the embedded engine: only top_p=1 "
+                    "(no nucleus truncation) is, since exact power sampling needs the full "
+                    "temperature distribution",
+                    param="top_p",
+                )
+            allowed = ", ".join(json.dumps(v) for v in neutral)
+            raise ApiError(
+                f"{name}={json.dumps(body[name])} is not supported by the embedded engine "
+                f"(it would change the sampled distribution or the output); "
+                f"allowed: {allowed}",
+                param=name,
+            )
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    """``max_tokens``: at least 1; 16 when absent (vLLM's default)."""
+    max_tokens = _opt_int(body, "max_tokens")
+    if max_tokens is None:
+        max_tokens = 16
+    if max_tokens < 1:
+        raise ApiError(
+            f"max_tokens must be at least 1, got {max_tokens}.",
+            param="max_tokens",
+            value=max_tokens,
+        )
+    return max_tokens
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    """``temperature``: in [0, 2]; 1 when absent."""
+    temperature = _number(body, "temperature", 1.0)
+    if temperature < 0.0:
+        raise ApiError(
+            f"temperature must be non-negative, got {temperature}.",
+            param="temperature",
+            value=temperature,
+        )
+    if temperature > 2.0:
+        raise ApiError(
+            f"temperature must be in [0, 2], got {temperature}.",
+            param="temperature",
+            value=temperature,
+        )
+    return temperature
+
+
+def _seed(body: dict[str, Any]) -> int:
+    """``seed``: 64 bits; a fresh random one when absent."""
+    seed = _opt_int(body, "seed")
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise ApiError("seed must fit in 64 bits", param="seed", value=seed)
+    if seed is None:
+        seed = secrets.randbits(63)
+    return seed
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    """``stream_options.include_usage`` (stream options only with ``stream=True``)."""
+    stream_options = body.get("stream_options")
+    if stream_options is None:
+        return False
+    if not stream:
+        raise ApiError("Stream options can only be defined when `stream=True`.")
+    if not isinstance(stream_options, dict):
+        raise ApiError("stream_options must be an object", param="stream_options")
+    return bool(stream_options.get("include_usage", False))
+
+
 class EmbeddedApp:
     """Request handling, independent of the HTTP plumbing (easy to call from tests)."""
 
@@ -409,77 +496,16 @@ class EmbeddedApp:
     # ---- completions ---------------------------------------------------------------------------
 
     def parse_completion(self, body: dict[str, Any]) -> CompletionRequest:
-        """Validate a ``/v1/completions`` body (raises :class:`ApiError`)."""
+        """Validate a ``/v1/completions`` body (raises :class:`ApiError`).
+
+        The checks' order decides which fault a body with several is refused for: keep it."""
         self.check_model(body)
-        unknown = sorted(set(body) - _HANDLED_FIELDS - _IGNORED_FIELDS - set(_NEUTRAL_VALUES))
-        if unknown:
-            raise ApiError(
-                f"unsupported field(s) {', '.join(unknown)}: the embedded engine does not know "
-                "them and will not guess whether they change the sampled distribution",
-                param=unknown[0],
-            )
-        for name, neutral in _NEUTRAL_VALUES.items():
-            if name in body and not _is_neutral(body[name], neutral):
-                if name == "top_p":
-                    value = body[name]
-                    if isinstance(value, int | float) and not 0.0 < value <= 1.0:
-                        raise ApiError(
-                            f"top_p must be in (0, 1], got {value}.", param="top_p", value=value
-                        )
-                    raise ApiError(
-                        f"top_p={value} is not supported by the embedded engine: only top_p=1 "
-                        "(no nucleus truncation) is, since exact power sampling needs the full "
-                        "temperature distribution",
-                        param="top_p",
-                    )
-                allowed = ", ".join(json.dumps(v) for v in neutral)
-                raise ApiError(
-                    f"{name}={json.dumps(body[name])} is not supported by the embedded engine "
-                    f"(it would change the sampled distribution or the output); "
-                    f"allowed: {allowed}",
-                    param=name,
-                )
-
+        _check_fields(body)
         prompts = self._completion_prompts(body)
-        max_len = self.config.max_model_len
-        for prompt in prompts:
-            if len(prompt) >= max_len:
-                raise ApiError(
-                    f"This model's maximum context length is {max_len} tokens. However, your "
-                    f"prompt contains {len(prompt)} input tokens, which exceeds this limit even "
-                    "without any output tokens. Please reduce the length of the input prompt.",
-                    param="input_tokens",
-                    value=len(prompt),
-                )
-        max_tokens = _opt_int(body, "max_tokens")
-        if max_tokens is None:
-            max_tokens = 16
-        if max_tokens < 1:
-            raise ApiError(
-                f"max_tokens must be at least 1, got {max_tokens}.",
-                param="max_tokens",
-                value=max_tokens,
-            )
-
-        temperature = _number(body, "temperature", 1.0)
-        if temperature < 0.0:
-            raise ApiError(
-                f"temperature must be non-negative, got {temperature}.",
-                param="temperature",
-                value=temperature,
-            )
-        if temperature > 2.0:
-            raise ApiError(
-                f"temperature must be in [0, 2], got {temperature}.",
-                param="temperature",
-                value=temperature,
-            )
-        seed = _opt_int(body, "seed")
-        if seed is not None and not -(2**63) <= seed < 2**64:
-            raise ApiError("seed must fit in 64 bits", param="seed", value=seed)
-        if seed is None:
-            seed = secrets.randbits(63)
-
+        self._check_context(prompts)
+        max_tokens = _max_tokens(body)
+        temperature = _temperature(body)
+        seed = _seed(body)
         stream = _flag(body, "stream", False)
         logprobs = self._logprob_count(body, "logprobs", "sample")
         prompt_logprobs = self._logprob_count(body, "prompt_logprobs", "prompt")
@@ -488,19 +514,8 @@ class EmbeddedApp:
                 "`prompt_logprobs` are not available when `stream=True`.",
                 param="prompt_logprobs",
             )
-        stream_options = body.get("stream_options")
-        include_usage = False
-        if stream_options is not None:
-            if not stream:
-                raise ApiError("Stream options can only be defined when `stream=True`.")
-            if not isinstance(stream_options, dict):
-                raise ApiError("stream_options must be an object", param="stream_options")
-            include_usage = bool(stream_options.get("include_usage", False))
-        stop_ids_raw = body.get("stop_token_ids") or []
-        if not isinstance(stop_ids_raw, list):
-            raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
-        stop_ids = self.check_ids(stop_ids_raw, "stop_token_ids")
-
+        include_usage = _include_usage(body, stream)
+        stop_ids = self._stop_ids(body)
         if stream and len(prompts) > 1:
             raise ApiError(
                 "the embedded engine streams one prompt per request; send several streamed "
@@ -508,6 +523,7 @@ class EmbeddedApp:
                 param="prompt",
             )
         ignore_eos = _flag(body, "ignore_eos", False)
+        max_len = self.config.max_model_len
         params = tuple(
             SamplingParams(
                 # vLLM cuts max_tokens silently to the room the prompt leaves.
@@ -533,6 +549,26 @@ class EmbeddedApp:
             stream=stream,
             include_usage=include_usage,
         )
+
+    def _check_context(self, prompts: list[list[int]]) -> None:
+        """Every prompt leaves room for at least one output token in the model's context."""
+        max_len = self.config.max_model_len
+        for prompt in prompts:
+            if len(prompt) >= max_len:
+                raise ApiError(
+                    f"This model's maximum context length is {max_len} tokens. However, your "
+                    f"prompt contains {len(prompt)} input tokens, which exceeds this limit even "
+                    "without any output tokens. Please reduce the length of the input prompt.",
+                    param="input_tokens",
+                    value=len(prompt),
+                )
+
+    def _stop_ids(self, body: dict[str, Any]) -> list[int]:
+        """``stop_token_ids``: a list of the vocabulary's ids (none: ``[]``)."""
+        stop_ids_raw = body.get("stop_token_ids") or []
+        if not isinstance(stop_ids_raw, list):
+            raise ApiError("stop_token_ids must be a list of token ids", param="stop_token_ids")
+        return self.check_ids(stop_ids_raw, "stop_token_ids")
 
     def _completion_prompts(self, body: dict[str, Any]) -> list[list[int]]:
         """``prompt``: a string, a list of token ids, or a list of either (one choice each)."""

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,75 +344,19 @@ async def _run_chains(
 ) -> OrchestratorResult:
     settings = plan.settings
     async with contextlib.AsyncExitStack() as stack:
-        used = {c.arm.engine for c in todo}
-        overrides = dict(engine_overrides or {})
-        engines = await open_engines(
-            plan,
-            stack,
-            embedded_urls=embedded_urls,
-            only=[n for n in used if n not in overrides],
-            probe=probe,
+        engines = await _open_used_engines(
+            plan, stack, todo, embedded_urls, engine_overrides, probe
         )
-        for name, replicas in overrides.items():
-            if name in used:
-                engines[name] = OpenedEngine.of(
-                    plan.engines[name], replicas, settings.max_concurrency
-                )
-        identities = await engine_identities(engines)
-        discovered = await _discovered_eos(plan, run, engines)
-        for name, eos in discovered.items():  # (fixed for the whole job, recorded in run.json)
-            identities.setdefault(name, {})[EOS_IDENTITY_KEY] = eos
-            engines[name].eos_token_id = eos
-        # (the recorded size, where there is one, spares a search; a different one is refused
-        # by the identity check below)
-        stored = run.run_info().get(ENGINE_IDENTITY, {})
-        vocab = await resolve_vocab_sizes(
-            engines, {n: (stored.get(n) or {}).get(VOCAB_IDENTITY_KEY) for n in engines}
-        )
-        for name, size in vocab.items():
-            identities.setdefault(name, {})[VOCAB_IDENTITY_KEY] = size
-        run.record_engine_identity(identities)
+        discovered, vocab = await _settle_identities(plan, run, engines)
         check_lengths(plan, engines)  # before tokenizing: a clear error early
         prompt_ids = await _tokenized_prompts(plan, engines)
         check_lengths(plan, engines, prompt_ids)
         check_prompt_vocab(prompt_ids, vocab)
-        arms_per_engine = Counter(a.engine for a in plan.arms)
-        specs = [
-            ChainSpec(
-                chain_id=c.chain_id,
-                arm=c.arm.arm,
-                engine=c.arm.engine,
-                traversal=c.arm.traversal,
-                sampler=_with_eos(
-                    c.sampler or plan.samplers[c.arm.engine], discovered.get(c.arm.engine)
-                ),
-                prompt_index=c.prompt_index,
-                chain_index=c.chain_index,
-                seed=c.seed,
-                prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
-                n_pf=c.size,
-                predictor=plan.predictor,
-                replica_key=f"p{c.prompt_index}/c{c.chain_index}",
-                routing_key=routing_key(plan.fingerprint, f"p{c.prompt_index}/c{c.chain_index}"),
-                warm_prompt=arms_per_engine[c.arm.engine] > 1,
-            )
-            for c in todo
-        ]
-
+        specs = _chain_specs(plan, todo, prompt_ids, discovered)
         try:
             grader = make_chain_grader(settings.grader, {p.index: p.answer for p in plan.prompts})
         except ValueError as exc:
             raise ConfigError(f"grader: {exc}") from None
-
-        async def add_text(outcome: ChainOutcome) -> None:
-            if outcome.result is not None and engines[outcome.spec.engine].takes_text:
-                replica = engines[outcome.spec.engine].replicas[outcome.replica]
-                outcome.text = await decode(replica, outcome.result.token_ids)
-                if outcome.result.alternatives:
-                    outcome.alternative_texts = [
-                        await decode(replica, ids) for ids in outcome.result.alternatives
-                    ]
-
         pools = {
             n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets) for n, h in engines.items()
         }
@@ -423,7 +367,7 @@ async def _run_chains(
                 specs,
                 pools=pools,
                 sinks=[RunDirSink(run, settings.sampler_name, grader), *sinks],
-                finish=add_text,
+                finish=_text_decoder(engines),
                 settings=settings,
             )
             stopping = False
@@ -431,26 +375,139 @@ async def _run_chains(
         except JobFailedError as exc:
             raise JobFailedError(f"{exc}\n{_resume_note(run)}") from None
         finally:
-            # Every engine's counters at once; briefly when stopping (engines.py says why).
-            timeout_s = METRICS_TIMEOUT_STOPPING_S if stopping else METRICS_TIMEOUT_S
-            metered = [n for n in engines if before.get(n) is not None]
-            afters = await asyncio.gather(
-                *(read_prefix_cache_counters(engines[n], timeout_s=timeout_s) for n in metered)
+            await _record_prefix_cache(run, engines, before, stopping=stopping)
+
+
+async def _open_used_engines(
+    plan: JobPlan,
+    stack: contextlib.AsyncExitStack,
+    todo: Sequence[PlannedChain],
+    embedded_urls: Mapping[str, str] | None,
+    engine_overrides: Mapping[str, Sequence[Engine]] | None,
+    probe: bool,
+) -> dict[str, OpenedEngine]:
+    """The engines the chains still to run use (closed when ``stack`` closes): the plan's,
+    or the ready-made replicas ``engine_overrides`` gives for a name."""
+    used = {c.arm.engine for c in todo}
+    overrides = dict(engine_overrides or {})
+    engines = await open_engines(
+        plan,
+        stack,
+        embedded_urls=embedded_urls,
+        only=[n for n in used if n not in overrides],
+        probe=probe,
+    )
+    for name, replicas in overrides.items():
+        if name in used:
+            engines[name] = OpenedEngine.of(
+                plan.engines[name], replicas, plan.settings.max_concurrency
             )
-            for n, after in zip(metered, afters, strict=True):
-                b = before[n]
-                if b is None or after is None or run.write_error is not None:
-                    continue
-                delta = prefix_cache_delta(b, after)
-                if delta["restarted_replicas"]:
-                    logger.warning(
-                        "engine %s: %d replica(s) restarted during this session (start time "
-                        "changed or counters went back); its prefix-cache hit rate covers only "
-                        "what they served after the restart",
-                        n,
-                        delta["restarted_replicas"],
-                    )
-                run.append_metrics({"engine": n, **delta})
+    return engines
+
+
+async def _settle_identities(
+    plan: JobPlan, run: RunDir, engines: Mapping[str, OpenedEngine]
+) -> tuple[dict[str, int | None], dict[str, int | None]]:
+    """What the job fixes about each engine before a chain runs, recorded in ``run.json``
+    (which refuses one that differs from a resumed run's): its identity, the EOS discovered
+    where the config gives none, and the vocabulary size. Returns the EOS and the sizes."""
+    identities = await engine_identities(engines)
+    discovered = await _discovered_eos(plan, run, engines)
+    for name, eos in discovered.items():  # (fixed for the whole job, recorded in run.json)
+        identities.setdefault(name, {})[EOS_IDENTITY_KEY] = eos
+        engines[name].eos_token_id = eos
+    # (the recorded size, where there is one, spares a search; a different one is refused
+    # by the identity check below)
+    stored = run.run_info().get(ENGINE_IDENTITY, {})
+    vocab = await resolve_vocab_sizes(
+        engines, {n: (stored.get(n) or {}).get(VOCAB_IDENTITY_KEY) for n in engines}
+    )
+    for name, size in vocab.items():
+        identities.setdefault(name, {})[VOCAB_IDENTITY_KEY] = size
+    run.record_engine_identity(identities)
+    return discovered, vocab
+
+
+def _chain_specs(
+    plan: JobPlan,
+    todo: Sequence[PlannedChain],
+    prompt_ids: Mapping[str, Sequence[tuple[int, ...]]],
+    discovered: Mapping[str, int | None],
+) -> list[ChainSpec]:
+    """What the executor runs for each planned chain: its sampler (with the engine's
+    discovered EOS), its prompt's token ids on its engine, and its routing keys."""
+    arms_per_engine = Counter(a.engine for a in plan.arms)
+    return [
+        ChainSpec(
+            chain_id=c.chain_id,
+            arm=c.arm.arm,
+            engine=c.arm.engine,
+            traversal=c.arm.traversal,
+            sampler=_with_eos(
+                c.sampler or plan.samplers[c.arm.engine], discovered.get(c.arm.engine)
+            ),
+            prompt_index=c.prompt_index,
+            chain_index=c.chain_index,
+            seed=c.seed,
+            prompt_ids=prompt_ids[c.arm.engine][c.prompt_index],
+            n_pf=c.size,
+            predictor=plan.predictor,
+            replica_key=f"p{c.prompt_index}/c{c.chain_index}",
+            routing_key=routing_key(plan.fingerprint, f"p{c.prompt_index}/c{c.chain_index}"),
+            warm_prompt=arms_per_engine[c.arm.engine] > 1,
+        )
+        for c in todo
+    ]
+
+
+def _text_decoder(
+    engines: Mapping[str, OpenedEngine],
+) -> Callable[[ChainOutcome], Awaitable[None]]:
+    """The executor's ``finish`` step: a finished chain on a text engine gets its response
+    (and its alternatives) decoded by the replica that ran it."""
+
+    async def add_text(outcome: ChainOutcome) -> None:
+        if outcome.result is not None and engines[outcome.spec.engine].takes_text:
+            replica = engines[outcome.spec.engine].replicas[outcome.replica]
+            outcome.text = await decode(replica, outcome.result.token_ids)
+            if outcome.result.alternatives:
+                outcome.alternative_texts = [
+                    await decode(replica, ids) for ids in outcome.result.alternatives
+                ]
+
+    return add_text
+
+
+async def _record_prefix_cache(
+    run: RunDir,
+    engines: Mapping[str, OpenedEngine],
+    before: Mapping[str, list[dict[str, float]] | None],
+    *,
+    stopping: bool,
+) -> None:
+    """The session's prefix-cache counter deltas per engine, appended to ``metrics.jsonl``
+    (an engine without counters before or after, or a run directory that failed a write,
+    records none)."""
+    # Every engine's counters at once; briefly when stopping (engines.py says why).
+    timeout_s = METRICS_TIMEOUT_STOPPING_S if stopping else METRICS_TIMEOUT_S
+    metered = [n for n in engines if before.get(n) is not None]
+    afters = await asyncio.gather(
+        *(read_prefix_cache_counters(engines[n], timeout_s=timeout_s) for n in metered)
+    )
+    for n, after in zip(metered, afters, strict=True):
+        b = before[n]
+        if b is None or after is None or run.write_error is not None:
+            continue
+        delta = prefix_cache_delta(b, after)
+        if delta["restarted_replicas"]:
+            logger.warning(
+                "engine %s: %d replica(s) restarted during this session (start time "
+                "changed or counters went back); its prefix-cache hit rate covers only "
+                "what they served after the restart",
+                n,
+                delta["restarted_replicas"],
+            )
+        run.append_metrics({"engine": n, **delta})
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -21,6 +21,7 @@ t interval of the mean paired difference must lie within ±0.2 × the baseline v
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -269,6 +270,11 @@ def _chain_wall(row: Mapping[str, Any]) -> float | None:
     return value if value is not None and value > 0 else None
 
 
+def _pair_key(row: Mapping[str, Any]) -> tuple[int, int]:
+    """The (prompt, chain) a chain pairs on with the same engine's baseline chain."""
+    return (int(row.get("prompt_index", -1)), int(row.get("chain_index", -1)))
+
+
 def summarize(
     samples: Iterable[Mapping[str, Any]],
     metrics: Iterable[Mapping[str, Any]] = (),
@@ -280,134 +286,21 @@ def summarize(
     """The summary of a run from its sample lines (the last line of each chain counts)."""
     latest = latest_by_chain(samples)
     metrics = list(metrics)
-    hit_rates = cache_hit_rates(metrics)
-    restarted = engines_restarted(metrics)
+    engines = _EngineHealth(cache_hit_rates(metrics), engines_restarted(metrics))
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for row in latest.values():
         by_arm.setdefault(str(row.get("arm")), []).append(row)
-
-    def pair_key(row: Mapping[str, Any]) -> tuple[int, int]:
-        return (int(row.get("prompt_index", -1)), int(row.get("chain_index", -1)))
-
     ok_by_arm = {
-        arm: {pair_key(r): r for r in rows if r.get("status") == "ok"}
+        arm: {_pair_key(r): r for r in rows if r.get("status") == "ok"}
         for arm, rows in by_arm.items()
     }
     arms: list[dict[str, Any]] = []
     per_prompt: dict[str, dict[str, float]] = {}
-    pooled_pairs: dict[str, list[tuple[float, float]]] = {}
-    pooled_base: dict[str, dict[tuple[str, int, int], float]] = {}
+    pooled = _PooledPairs()
     for arm, rows in by_arm.items():
-        first = rows[0]
-        engine = str(first.get("engine"))
-        traversal = str(first.get("traversal"))
-        ok = ok_by_arm[arm]
-        totals = {k: 0.0 for k in _SUM_KEYS}
-        chain_times: list[float] = []
-        drifts: list[float] = []
-        for r in ok.values():
-            stats = r.get("stats") or {}
-            for k in _SUM_KEYS:
-                totals[k] += as_number(stats.get(k))
-            chain_times.append(as_number(stats.get("model_call_time_s")))
-            drift = _finite(stats.get("drift_max"))
-            if drift is not None:
-                drifts.append(drift)
-        walls = [w for w in (_chain_wall(r) for r in ok.values()) if w is not None]
-        base_arm = f"{engine}/{baseline}"
-        speedups: list[float] = []
-        wall_speedups: list[float] = []
-        identical = 0
-        prompt_speedups: dict[int, list[float]] = {}
-        base = ok_by_arm.get(base_arm) if base_arm != arm else None
-        if base is not None:
-            for key, r in ok.items():
-                b = base.get(key)
-                if b is None:
-                    continue
-                s = _ratio(
-                    as_number((b.get("stats") or {}).get("model_call_time_s")),
-                    as_number((r.get("stats") or {}).get("model_call_time_s")),
-                )
-                identical += int(b.get("token_ids") == r.get("token_ids"))
-                b_wall, r_wall = _chain_wall(b), _chain_wall(r)
-                if b_wall is not None and r_wall is not None:
-                    s_wall = _ratio(b_wall, r_wall)
-                    if s_wall is not None:
-                        wall_speedups.append(s_wall)
-                if s is not None:
-                    speedups.append(s)
-                    prompt_speedups.setdefault(key[0], []).append(s)
-            per_prompt[arm] = {str(p): statistics.median(v) for p, v in prompt_speedups.items()}
-        equivalence: dict[str, Any] | None = None
-        if base is not None:
-            equivalence = {}
-            for metric, _ in EQUIVALENCE_METRICS:
-                pairs, present = _metric_pairs(ok, base, metric)
-                if not present:
-                    continue
-                equivalence[metric] = paired_tost(pairs)
-                pooled_pairs.setdefault(metric, []).extend(pairs)
-                seen = pooled_base.setdefault(metric, {})
-                for key in ok:
-                    b_val = _finite(((base.get(key) or {}).get("stats") or {}).get(metric))
-                    a_val = _finite((ok[key].get("stats") or {}).get(metric))
-                    if b_val is not None and a_val is not None:
-                        seen[(base_arm, *key)] = b_val
-        rounds = totals["rounds"]
-        issued = totals["requests_issued"]
-        entry: dict[str, Any] = {
-            "arm": arm,
-            "engine": engine,
-            "sampler": first.get("sampler"),
-            "traversal": traversal,
-            "n_pf": None if _sizeless(traversal, baseline) else first.get("n_pf"),
-            "chains_ok": len(ok),
-            "chains_failed": sum(1 for r in rows if r.get("status") != "ok"),
-            "calls": int(rounds),
-            "transitions": int(totals["transitions"]),
-            "transitions_per_call": _ratio(totals["transitions"], rounds),
-            "requests_per_call": _ratio(issued, rounds),
-            "requests_issued": int(issued),
-            "requests_used": int(totals["requests_used"]),
-            "wasted_share": _ratio(issued - totals["requests_used"], issued),
-            "extend_calls": int(totals["extend_calls"]),
-            "tighten_calls": int(totals["tighten_calls"]),
-            "tokens_generated": int(totals["tokens_generated"]),
-            "acceptance_rate": _ratio(totals["accepts"], totals["transitions"]),
-            "eps_certain_share": _ratio(totals["eps_certain"], totals["transitions"]),
-            "ambiguous": int(totals["ambiguous"]),
-            "requests_cancelled": int(totals["requests_cancelled"]),
-            "early_rejects": int(totals["early_rejects"]),
-            "tokens_saved_early": int(totals["tokens_saved_early"]),
-            "budget_wait_s": totals["budget_wait_s"],
-            "rewrite_wait_s": totals["rewrite_wait_s"],
-            "floor_wait_s": totals["floor_wait_s"],
-            "budget_refusals": int(totals["budget_refusals"]),
-            "slot_refusals": int(totals["slot_refusals"]),
-            "unmeasured_refusals": int(totals["unmeasured_refusals"]),
-            "model_call_time_s": totals["model_call_time_s"],
-            "model_call_time_median_s": statistics.median(chain_times) if chain_times else None,
-            "extend_time_s": totals["extend_time_s"],
-            # Engine health: |log Z| at the cut seen by x and by y (same context), in nats.
-            "drift_max": max(drifts) if drifts else None,
-            "seconds_per_call": _ratio(totals["model_call_time_s"], rounds),
-            "prefix_cache_hit_rate": hit_rates.get(engine),
-            "prefix_cache_after_restart": engine in restarted,
-            "chain_wall_s": sum(walls) if walls else None,
-            "chain_wall_median_s": statistics.median(walls) if walls else None,
-            **_length_figures(ok.values()),
-            "baseline": base_arm if base is not None else None,
-            "speedup_wall_median": statistics.median(wall_speedups) if wall_speedups else None,
-            "speedup_wall_min": min(wall_speedups) if wall_speedups else None,
-            "speedup_wall_max": max(wall_speedups) if wall_speedups else None,
-            "speedup_median": statistics.median(speedups) if speedups else None,
-            "speedup_min": min(speedups) if speedups else None,
-            "speedup_max": max(speedups) if speedups else None,
-            "speedup_pairs": len(speedups) if base is not None else None,
-            "identical_to_baseline": identical if base is not None else None,
-            "equivalence": equivalence,
-        }
+        entry, prompt_speedups = _arm_summary(arm, rows, ok_by_arm, baseline, engines, pooled)
+        if prompt_speedups is not None:
+            per_prompt[arm] = prompt_speedups
         arms.append(entry)
     arms.sort(key=lambda a: _arm_sort_key(a, engine_order))
     out: dict[str, Any] = {
@@ -416,10 +309,7 @@ def summarize(
         "chains_failed": sum(a["chains_failed"] for a in arms),
         "arms": arms,
         "speedup_per_prompt": per_prompt,
-        "equivalence_pooled": {
-            metric: paired_tost(pairs, baseline_values=list(pooled_base[metric].values()))
-            for metric, pairs in pooled_pairs.items()
-        },
+        "equivalence_pooled": pooled.tests(),
     }
     # Graded runs only: summaries of ungraded runs are unchanged.
     from presto_client.orchestration.quality import quality_summary
@@ -428,6 +318,207 @@ def summarize(
     if quality:
         out["quality"] = quality
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _EngineHealth:
+    """Per engine, from the run's metrics: prefix-cache hit rate, replica restarted or not."""
+
+    hit_rates: Mapping[str, float | None]
+    restarted: set[str]
+
+
+def _arm_summary(
+    arm: str,
+    rows: Sequence[Mapping[str, Any]],
+    ok_by_arm: Mapping[str, Mapping[tuple[int, int], Mapping[str, Any]]],
+    baseline: str,
+    engines: _EngineHealth,
+    pooled: _PooledPairs,
+) -> tuple[dict[str, Any], dict[str, float] | None]:
+    """One arm's row of the summary, and its median speedup per prompt (``None``: the arm has
+    no baseline to pair with). Its equivalence pairs are added to ``pooled``."""
+    first = rows[0]
+    engine = str(first.get("engine"))
+    traversal = str(first.get("traversal"))
+    ok = ok_by_arm[arm]
+    walls = [w for w in (_chain_wall(r) for r in ok.values()) if w is not None]
+    base_arm = f"{engine}/{baseline}"
+    base = ok_by_arm.get(base_arm) if base_arm != arm else None
+    paired = _BaselinePairs.of(ok, base) if base is not None else None
+    entry: dict[str, Any] = {
+        "arm": arm,
+        "engine": engine,
+        "sampler": first.get("sampler"),
+        "traversal": traversal,
+        "n_pf": None if _sizeless(traversal, baseline) else first.get("n_pf"),
+        "chains_ok": len(ok),
+        "chains_failed": sum(1 for r in rows if r.get("status") != "ok"),
+        **_work_figures(ok.values()),
+        "prefix_cache_hit_rate": engines.hit_rates.get(engine),
+        "prefix_cache_after_restart": engine in engines.restarted,
+        "chain_wall_s": sum(walls) if walls else None,
+        "chain_wall_median_s": statistics.median(walls) if walls else None,
+        **_length_figures(ok.values()),
+        **_speedup_figures(base_arm, paired),
+        "equivalence": None if base is None else _equivalence(ok, base, base_arm, pooled),
+    }
+    return entry, None if paired is None else paired.per_prompt_medians()
+
+
+def _work_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """What an arm's finished chains did and cost: their counters summed (calls, requests,
+    tokens, waits, refusals, model-call time), ratios of the sums, the worst drift."""
+    totals = {k: 0.0 for k in _SUM_KEYS}
+    chain_times: list[float] = []
+    drifts: list[float] = []
+    for r in rows:
+        stats = r.get("stats") or {}
+        for k in _SUM_KEYS:
+            totals[k] += as_number(stats.get(k))
+        chain_times.append(as_number(stats.get("model_call_time_s")))
+        drift = _finite(stats.get("drift_max"))
+        if drift is not None:
+            drifts.append(drift)
+    rounds = totals["rounds"]
+    issued = totals["requests_issued"]
+    return {
+        "calls": int(rounds),
+        "transitions": int(totals["transitions"]),
+        "transitions_per_call": _ratio(totals["transitions"], rounds),
+        "requests_per_call": _ratio(issued, rounds),
+        "requests_issued": int(issued),
+        "requests_used": int(totals["requests_used"]),
+        "wasted_share": _ratio(issued - totals["requests_used"], issued),
+        "extend_calls": int(totals["extend_calls"]),
+        "tighten_calls": int(totals["tighten_calls"]),
+        "tokens_generated": int(totals["tokens_generated"]),
+        "acceptance_rate": _ratio(totals["accepts"], totals["transitions"]),
+        "eps_certain_share": _ratio(totals["eps_certain"], totals["transitions"]),
+        "ambiguous": int(totals["ambiguous"]),
+        "requests_cancelled": int(totals["requests_cancelled"]),
+        "early_rejects": int(totals["early_rejects"]),
+        "tokens_saved_early": int(totals["tokens_saved_early"]),
+        "budget_wait_s": totals["budget_wait_s"],
+        "rewrite_wait_s": totals["rewrite_wait_s"],
+        "floor_wait_s": totals["floor_wait_s"],
+        "budget_refusals": int(totals["budget_refusals"]),
+        "slot_refusals": int(totals["slot_refusals"]),
+        "unmeasured_refusals": int(totals["unmeasured_refusals"]),
+        "model_call_time_s": totals["model_call_time_s"],
+        "model_call_time_median_s": statistics.median(chain_times) if chain_times else None,
+        "extend_time_s": totals["extend_time_s"],
+        # Engine health: |log Z| at the cut seen by x and by y (same context), in nats.
+        "drift_max": max(drifts) if drifts else None,
+        "seconds_per_call": _ratio(totals["model_call_time_s"], rounds),
+    }
+
+
+@dataclasses.dataclass
+class _BaselinePairs:
+    """An arm's finished chains against the same engine's baseline chains, paired per
+    (prompt, chain): the speedups in model-call time and end to end, and how many pairs ended
+    in the same response."""
+
+    speedups: list[float] = dataclasses.field(default_factory=list)
+    wall_speedups: list[float] = dataclasses.field(default_factory=list)
+    identical: int = 0
+    by_prompt: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        ok: Mapping[tuple[int, int], Mapping[str, Any]],
+        base: Mapping[tuple[int, int], Mapping[str, Any]],
+    ) -> _BaselinePairs:
+        out = cls()
+        for key, r in ok.items():
+            b = base.get(key)
+            if b is None:
+                continue
+            s = _ratio(
+                as_number((b.get("stats") or {}).get("model_call_time_s")),
+                as_number((r.get("stats") or {}).get("model_call_time_s")),
+            )
+            out.identical += int(b.get("token_ids") == r.get("token_ids"))
+            b_wall, r_wall = _chain_wall(b), _chain_wall(r)
+            if b_wall is not None and r_wall is not None:
+                s_wall = _ratio(b_wall, r_wall)
+                if s_wall is not None:
+                    out.wall_speedups.append(s_wall)
+            if s is not None:
+                out.speedups.append(s)
+                out.by_prompt.setdefault(key[0], []).append(s)
+        return out
+
+    def per_prompt_medians(self) -> dict[str, float]:
+        return {str(p): statistics.median(v) for p, v in self.by_prompt.items()}
+
+
+def _speedup_figures(base_arm: str, paired: _BaselinePairs | None) -> dict[str, Any]:
+    """Speedup over the baseline, median and range over pairs (``None``: no baseline)."""
+    speedups = paired.speedups if paired is not None else []
+    walls = paired.wall_speedups if paired is not None else []
+    return {
+        "baseline": base_arm if paired is not None else None,
+        "speedup_wall_median": statistics.median(walls) if walls else None,
+        "speedup_wall_min": min(walls) if walls else None,
+        "speedup_wall_max": max(walls) if walls else None,
+        "speedup_median": statistics.median(speedups) if speedups else None,
+        "speedup_min": min(speedups) if speedups else None,
+        "speedup_max": max(speedups) if speedups else None,
+        "speedup_pairs": len(speedups) if paired is not None else None,
+        "identical_to_baseline": paired.identical if paired is not None else None,
+    }
+
+
+class _PooledPairs:
+    """Every arm's (arm, baseline) pairs per equivalence metric, for the pooled test; its
+    margin counts each baseline chain once, though it pairs with every arm of its engine."""
+
+    def __init__(self) -> None:
+        self.pairs: dict[str, list[tuple[float, float]]] = {}
+        self.baseline: dict[str, dict[tuple[str, int, int], float]] = {}
+
+    def add(
+        self,
+        metric: str,
+        pairs: Sequence[tuple[float, float]],
+        ok: Mapping[tuple[int, int], Mapping[str, Any]],
+        base: Mapping[tuple[int, int], Mapping[str, Any]],
+        base_arm: str,
+    ) -> None:
+        self.pairs.setdefault(metric, []).extend(pairs)
+        seen = self.baseline.setdefault(metric, {})
+        for key in ok:
+            b_val = _finite(((base.get(key) or {}).get("stats") or {}).get(metric))
+            a_val = _finite((ok[key].get("stats") or {}).get(metric))
+            if b_val is not None and a_val is not None:
+                seen[(base_arm, *key)] = b_val
+
+    def tests(self) -> dict[str, dict[str, Any]]:
+        return {
+            metric: paired_tost(pairs, baseline_values=list(self.baseline[metric].values()))
+            for metric, pairs in self.pairs.items()
+        }
+
+
+def _equivalence(
+    ok: Mapping[tuple[int, int], Mapping[str, Any]],
+    base: Mapping[tuple[int, int], Mapping[str, Any]],
+    base_arm: str,
+    pooled: _PooledPairs,
+) -> dict[str, Any]:
+    """The arm's paired TOST against its baseline per metric the chains recorded (a metric no
+    chain of either recorded is left out); its pairs also go to ``pooled``."""
+    equivalence: dict[str, Any] = {}
+    for metric, _ in EQUIVALENCE_METRICS:
+        pairs, present = _metric_pairs(ok, base, metric)
+        if not present:
+            continue
+        equivalence[metric] = paired_tost(pairs)
+        pooled.add(metric, pairs, ok, base, base_arm)
+    return equivalence
 
 
 def _length_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
