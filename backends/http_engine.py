@@ -22,7 +22,7 @@ import numpy as np
 
 from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall
 from presto_client.backends.generation import Generation, answer_cap, proposal_label
-from presto_client.backends.http_probe import ProbeMixin
+from presto_client.backends.http_probe import Probe, ServerFindings
 from presto_client.backends.metrics import prefix_cache_metrics
 from presto_client.backends.parsing import TokenLogprobs, check_token_ids
 from presto_client.backends.pool import Pool, RequestHeaders
@@ -54,7 +54,7 @@ _MODEL_LISTINGS = (
 """The model listings that tell the built-in dialects apart when the configured one fails."""
 
 
-class HttpEngine(ProbeMixin):
+class HttpEngine:
     """:class:`~presto_client.core.engine_protocol.Engine` over one replica of an HTTP server."""
 
     def __init__(
@@ -89,14 +89,25 @@ class HttpEngine(ProbeMixin):
         )
         self._model: str | None = spec.model
         self._model_lock = asyncio.Lock()
-        self._seeds_honoured: bool | None = None
-        self._scoring_ok: bool | None = None
+        self.findings = ServerFindings()
+        """What the probe (and a refused exact score) found out about the server."""
         self.generation = Generation(spec, adapter, self.transport, self.name, self.model)
         """How a proposal's tokens come out of the dialect (whole and streamed)."""
+        self.probing = Probe(
+            spec,
+            adapter,
+            self.transport,
+            name=self.name,
+            base_url=self.base_url,
+            findings=self.findings,
+            served_models=self._served_models,
+            settle_model=self._settle_model,
+            score_raw=self._score_raw,
+        )
+        """The start-up checks of this replica (:meth:`probe`)."""
         # Whether proposals stream is the dialect's and its mode's, fixed here: every stream
         # asks, and building the capabilities each time is a cost per proposal.
         self._streams = adapter.capabilities().streaming
-        self.last_probe: ProbeReport | None = None
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
 
@@ -112,8 +123,13 @@ class HttpEngine(ProbeMixin):
     @property
     def capabilities(self) -> Capabilities:
         return self.adapter.capabilities(
-            seeds_honoured=self._seeds_honoured, scoring_call=self._scoring_ok
+            seeds_honoured=self.findings.seeds_honoured, scoring_call=self.findings.scoring_ok
         )
+
+    @property
+    def last_probe(self) -> ProbeReport | None:
+        """The latest probe's report (kept also when it failed on its problems)."""
+        return self.probing.last_report
 
     @property
     def top_k(self) -> int:
@@ -138,6 +154,12 @@ class HttpEngine(ProbeMixin):
                     )
                 self._model = names[0]
         return self._model
+
+    async def _settle_model(self, names: Sequence[str]) -> str:
+        """The model to use once the server listed ``names``: the known one, else the first."""
+        if self._model is None and names:
+            self._model = names[0]
+        return await self.model()
 
     async def _served_models(self) -> list[str]:
         try:
@@ -292,7 +314,7 @@ class HttpEngine(ProbeMixin):
         """
         if not requests:
             return []
-        if self._scoring_ok is False or not self.adapter.can_score:
+        if self.findings.scoring_ok is False or not self.adapter.can_score:
             raise EngineRequestError(
                 f"exact scoring is not available: {self.adapter.hint_for_scoring()}",
                 engine=self.name,
@@ -336,7 +358,7 @@ class HttpEngine(ProbeMixin):
                 request.prefix, request.token_ids, model, label, full_k, headers=headers
             )
         except EngineRequestError as exc:
-            self._scoring_ok = False
+            self.findings.scoring_ok = False
             raise EngineRequestError(
                 f"{exc}. {self.adapter.hint_for_scoring()}", engine=self.name
             ) from exc
@@ -375,6 +397,15 @@ class HttpEngine(ProbeMixin):
         )
 
     # ---- probe
+
+    async def probe(self, *, check_seeds: bool = True, check_scoring: bool = True) -> ProbeReport:
+        """Health, model name, logprob semantics (and seeds, exact scoring) of this replica.
+
+        Raises :class:`EngineUnavailableError` when the server cannot be reached or is not
+        healthy, :class:`ProbeError` when it serves another model or its logprob semantics are
+        not the configured mode (:meth:`Probe.run`).
+        """
+        return await self.probing.run(check_seeds=check_seeds, check_scoring=check_scoring)
 
     # ---- the tokenizer
 

@@ -1,16 +1,24 @@
 """The probe of one HTTP replica: health, the served model, its logprob semantics, seeds and
-exact scoring, checked before any chain runs (a mixin of :class:`backends.http_engine.HttpEngine`,
-whose requests it sends)."""
+exact scoring, checked before any chain runs.
+
+:class:`Probe` is a composed part of :class:`backends.http_engine.HttpEngine`: it sends its
+requests over the engine's transport and asks the engine only for what the engine owns (the
+served model's names, the model it settles on, its raw scoring call). What it finds that later
+requests depend on (seeds, exact scoring) goes to the :class:`ServerFindings` it shares with
+the engine.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from presto_client.backends.adapter import RAW, Adapter
 from presto_client.backends.gateways import check_gateway, refused_token_ids
-from presto_client.backends.parsing import TokenLogprobs
+from presto_client.backends.generation import answer_cap
+from presto_client.backends.parsing import TokenLogprobs, check_token_ids
 from presto_client.backends.probe_checks import (
     PROBE_PROMPT,
     PROBE_SEED,
@@ -19,6 +27,7 @@ from presto_client.backends.probe_checks import (
     judge_semantics,
 )
 from presto_client.backends.spec import EngineSpec, ProbeReport
+from presto_client.backends.transport import Transport
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import (
     EngineRequestError,
@@ -28,45 +37,65 @@ from presto_client.errors import (
 )
 from presto_client.terminal_text import server_text
 
-if TYPE_CHECKING:
-    from presto_client.backends.transport import Transport
-
+# The engine's logger: what a user filters on is the engine, not the module of its probe.
 logger = logging.getLogger("presto_client.backends.http_engine")
 
 
-class ProbeMixin:
-    """The probe's requests; the engine provides the transport, the adapter and the calls."""
+@dataclass
+class ServerFindings:
+    """What is known of a server beyond its configuration, ``None`` until found out: the probe
+    sets both, and a refused full-vocabulary score turns ``scoring_ok`` off (the engine's
+    capabilities read them)."""
 
-    spec: EngineSpec
-    adapter: Adapter
-    transport: Transport
-    base_url: str
-    name: str
-    last_probe: ProbeReport | None
-    _model: str | None
-    _seeds_honoured: bool | None
-    _scoring_ok: bool | None
+    seeds_honoured: bool | None = None
+    scoring_ok: bool | None = None
 
-    if TYPE_CHECKING:  # what the engine provides
 
-        async def model(self) -> str: ...
+class RawScorer(Protocol):
+    """The engine's raw scoring call (top-K logprobs of given tokens after a prefix)."""
 
-        async def _served_models(self) -> list[str]: ...
+    def __call__(
+        self,
+        prefix: Sequence[int],
+        token_ids: Sequence[int],
+        model: str,
+        label: str,
+        top_k: int | None = None,
+    ) -> Awaitable[TokenLogprobs]: ...
 
-        def _cap(self, tokens: int, top_k: int | None = None) -> int: ...
 
-        def _checked(self, raw: TokenLogprobs, label: str) -> TokenLogprobs: ...
+class Probe:
+    """The start-up checks of one replica; the engine owns it and answers its few questions."""
 
-        async def _score_raw(
-            self,
-            prefix: Sequence[int],
-            token_ids: Sequence[int],
-            model: str,
-            label: str,
-            top_k: int | None = None,
-        ) -> TokenLogprobs: ...
+    def __init__(
+        self,
+        spec: EngineSpec,
+        adapter: Adapter,
+        transport: Transport,
+        *,
+        name: str,
+        base_url: str,
+        findings: ServerFindings,
+        served_models: Callable[[], Awaitable[list[str]]],
+        settle_model: Callable[[Sequence[str]], Awaitable[str]],
+        score_raw: RawScorer,
+    ) -> None:
+        self.spec = spec
+        self.adapter = adapter
+        self.transport = transport
+        self.name = name
+        self.base_url = base_url
+        """The replica's URL as shown in messages (credentials redacted)."""
+        self.findings = findings
+        self._served_models = served_models
+        self._settle_model = settle_model
+        """The model the engine uses, given the served names (the first one where the spec
+        names none)."""
+        self._score_raw = score_raw
+        self.last_report: ProbeReport | None = None
+        """The latest probe's report (kept also when it failed on its problems)."""
 
-    async def probe(self, *, check_seeds: bool = True, check_scoring: bool = True) -> ProbeReport:
+    async def run(self, *, check_seeds: bool = True, check_scoring: bool = True) -> ProbeReport:
         """Health, model name, logprob semantics (and seeds, exact scoring) of this replica.
 
         Raises :class:`EngineUnavailableError` when the server cannot be reached or is not
@@ -95,9 +124,7 @@ class ProbeMixin:
                 "the served one)",
                 engine=self.name,
             )
-        if self._model is None and names:
-            self._model = names[0]
-        model = await self.model()
+        model = await self._settle_model(names)
         report = ProbeReport(
             engine=self.name, base_url=self.base_url, model=model, logprob_mode=self.adapter.mode
         )
@@ -129,7 +156,7 @@ class ProbeMixin:
             ) from exc
         for warning in report.warnings:
             logger.warning("[%s] %s", self.name, warning)
-        self.last_probe = report
+        self.last_report = report
         if report.problems:
             raise ProbeError("; ".join(report.problems), engine=self.name)
         logger.info(
@@ -147,10 +174,12 @@ class ProbeMixin:
         )
         label = "probe generation"
         call = self.adapter.build_generate(request, model, label=label)
+        cap = answer_cap(self.spec, request.num_tokens)
         body = await self.transport.request_json(
-            "POST", call.path, call.payload, label=label, max_bytes=self._cap(request.num_tokens)
+            "POST", call.path, call.payload, label=label, max_bytes=cap
         )
-        generated = self._checked(self.adapter.parse_generate(request, body, label=label), label)
+        parsed = self.adapter.parse_generate(request, body, label=label)
+        generated = check_token_ids(parsed, self.spec.vocab_size, label=label, engine=self.name)
         raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
         judge_semantics(generated, raw, self.adapter, self.spec.vocab_size, report)
 
@@ -165,25 +194,25 @@ class ProbeMixin:
             body = await self.transport.request_json("POST", call.path, call.payload, label=label)
             outs.append(self.adapter.parse_generate(request, body, label=label).token_ids.tolist())
         report.seeds_honoured = outs[0] == outs[1]
-        self._seeds_honoured = report.seeds_honoured
+        self.findings.seeds_honoured = report.seeds_honoured
         if not report.seeds_honoured:
             report.warnings.append(f"seeds are not honoured: {self.adapter.hint_for_seeds()}")
 
     async def _probe_exact_scoring(self, model: str, report: ProbeReport) -> None:
         full_k = self.adapter.full_vocab_top_k()
         if full_k is None:
-            self._scoring_ok = False
+            self.findings.scoring_ok = False
         else:
             try:
                 await self._score_raw(PROBE_PROMPT[:-2], PROBE_PROMPT[-2:], model, "probe", full_k)
-                self._scoring_ok = True
+                self.findings.scoring_ok = True
             except EngineRequestError as exc:
-                self._scoring_ok = False
+                self.findings.scoring_ok = False
                 logger.debug("[%s] full-vocabulary scoring refused: %s", self.name, exc)
-        if not self._scoring_ok:
+        if not self.findings.scoring_ok:
             report.warnings.append(
                 "exact scoring unavailable: decisions are certified from top-K logprobs, and the "
                 "rare one whose interval cannot settle it fails its chain (the others go on). "
                 f"To tighten such decisions instead: {self.adapter.hint_for_scoring()}"
             )
-        report.details["exact_scoring"] = float(bool(self._scoring_ok))
+        report.details["exact_scoring"] = float(bool(self.findings.scoring_ok))
