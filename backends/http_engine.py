@@ -4,9 +4,10 @@
 in scaled modes a scoring call per proposal after it; ``stream`` yields a proposal's scores as
 server-sent events arrive (raw modes); both fill a proposal through the dialect's generation
 protocol (:mod:`backends.generation`: slots, repairs, continuations); ``score`` returns exact
-scores of given tokens;
-``probe`` checks health, model and logprob semantics before a job; ``metrics`` reads the
-prefix-cache counters.
+scores of given tokens (:mod:`backends.scoring_calls`, which also makes a scaled mode's scoring
+call); ``probe`` checks health, model and logprob semantics before a job
+(:mod:`backends.http_probe`); ``metrics`` reads the prefix-cache counters. Each of those three
+parts is an object the engine owns, sharing its transport.
 """
 
 from __future__ import annotations
@@ -14,20 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall
-from presto_client.backends.generation import Generation, answer_cap, proposal_label
+from presto_client.backends.adapter import RAW, Adapter, HttpCall
+from presto_client.backends.generation import Generation, proposal_label
 from presto_client.backends.http_probe import Probe, ServerFindings
 from presto_client.backends.metrics import prefix_cache_metrics
-from presto_client.backends.parsing import TokenLogprobs, check_token_ids
+from presto_client.backends.parsing import TokenLogprobs
 from presto_client.backends.pool import Pool, RequestHeaders
 from presto_client.backends.retry import Sleep
 from presto_client.backends.routing import RoutedEngine
+from presto_client.backends.scoring_calls import Scoring
 from presto_client.backends.spec import Capabilities, EngineSpec, ProbeReport
 from presto_client.backends.transport import Transport
 from presto_client.concurrency import gather_or_fail
@@ -37,8 +36,6 @@ from presto_client.core.engine_protocol import (
     ScoreRequest,
 )
 from presto_client.core.scoring import (
-    exact_from_full_rows,
-    exact_from_normalisers,
     scored_from_raw,
     scored_from_scaled,
 )
@@ -93,6 +90,10 @@ class HttpEngine:
         """What the probe (and a refused exact score) found out about the server."""
         self.generation = Generation(spec, adapter, self.transport, self.name, self.model)
         """How a proposal's tokens come out of the dialect (whole and streamed)."""
+        self.scoring = Scoring(
+            spec, adapter, self.transport, name=self.name, findings=self.findings, model=self.model
+        )
+        """The scoring calls: raw top-K of given tokens, and exact scores (:meth:`score`)."""
         self.probing = Probe(
             spec,
             adapter,
@@ -102,7 +103,7 @@ class HttpEngine:
             findings=self.findings,
             served_models=self._served_models,
             settle_model=self._settle_model,
-            score_raw=self._score_raw,
+            score_raw=self.scoring.raw,
         )
         """The start-up checks of this replica (:meth:`probe`)."""
         # Whether proposals stream is the dialect's and its mode's, fixed here: every stream
@@ -110,13 +111,6 @@ class HttpEngine:
         self._streams = adapter.capabilities().streaming
         self.max_model_len: int | None = None
         """The server's context length, where ``/v1/models`` gives it (read with the model)."""
-
-    def _cap(self, tokens: int, top_k: int | None = None) -> int:
-        """The size cap of an answer carrying ``tokens`` tokens' top-K logprobs."""
-        return answer_cap(self.spec, tokens, top_k)
-
-    def _checked(self, raw: TokenLogprobs, label: str) -> TokenLogprobs:
-        return check_token_ids(raw, self.spec.vocab_size, label=label, engine=self.name)
 
     # ---- properties
 
@@ -285,103 +279,17 @@ class HttpEngine:
         top_k: int | None = None,
         headers: RequestHeaders | None = None,
     ) -> TokenLogprobs:
-        k = self.spec.top_k if top_k is None else top_k
-        slabel = f"scoring of {label}"
-        calls = self.adapter.build_score_calls(prefix, token_ids, model, k, label=slabel)
-        cap = self._cap(len(prefix) + len(token_ids), k)
-        bodies = await gather_or_fail(
-            [
-                self.transport.request_json(
-                    "POST", c.path, c.payload, label=c.label, max_bytes=cap, headers=headers
-                )
-                for c in calls
-            ]
-        )
-        return self._checked(
-            self.adapter.parse_score_bodies(prefix, token_ids, bodies, k, label=slabel), slabel
-        )
+        """Top-K logprobs of given tokens after a prefix (:meth:`Scoring.raw`)."""
+        return await self.scoring.raw(prefix, token_ids, model, label, top_k, headers)
 
     # ---- exact scores
 
     async def score(
         self, requests: Sequence[ScoreRequest], *, headers: RequestHeaders | None = None
     ) -> list[ScoredTokens]:
-        """Exact ``log q`` (``lo == hi``) of given tokens under every temperature asked.
-
-        Scaled modes: a raw scoring call plus, per temperature ≠ 1, one batched request of
-        next-token top-K at that temperature (exact normalisers). Raw modes: full-vocabulary
-        prompt logprobs (vLLM needs ``--max-logprobs -1``); otherwise a clear error.
-        """
-        if not requests:
-            return []
-        if self.findings.scoring_ok is False or not self.adapter.can_score:
-            raise EngineRequestError(
-                f"exact scoring is not available: {self.adapter.hint_for_scoring()}",
-                engine=self.name,
-            )
-        model = await self.model()
-        return await gather_or_fail(
-            [
-                self._score_one(r, model, f"score request {i}", headers)
-                for i, r in enumerate(requests)
-            ]
-        )
-
-    async def _score_one(
-        self, request: ScoreRequest, model: str, label: str, headers: RequestHeaders | None
-    ) -> ScoredTokens:
-        if not request.token_ids:
-            return ScoredTokens.empty(len(request.scores.temperatures), request.scores.entropy)
-        if self.adapter.semantics == SCALED:
-            raw = await self._score_raw(
-                request.prefix, request.token_ids, model, label, headers=headers
-            )
-            contexts = [
-                (*request.prefix, *request.token_ids[:i]) for i in range(len(request.token_ids))
-            ]
-            temps = [t for t in request.scores.temperatures if not math.isclose(t, 1.0)]
-            rows = await gather_or_fail(
-                [self._next_token_topk(contexts, t, model, label, headers) for t in temps]
-            )
-            return exact_from_normalisers(
-                raw, dict(zip(temps, rows, strict=True)), request.scores, label=label
-            )
-        full_k = self.adapter.full_vocab_top_k()
-        vocab = self.spec.vocab_size
-        if full_k is None:
-            raise EngineRequestError(
-                f"{label}: exact scoring is not available: {self.adapter.hint_for_scoring()}",
-                engine=self.name,
-            )
-        try:
-            raw = await self._score_raw(
-                request.prefix, request.token_ids, model, label, full_k, headers=headers
-            )
-        except EngineRequestError as exc:
-            self.findings.scoring_ok = False
-            raise EngineRequestError(
-                f"{exc}. {self.adapter.hint_for_scoring()}", engine=self.name
-            ) from exc
-        if vocab is None:
-            vocab = int(np.max(raw.top_ids)) + 1 if raw.top_ids.size else 0
-            vocab = max(vocab, int(raw.top_ids.shape[1]))
-        return exact_from_full_rows(request.token_ids, raw, request.scores, vocab)
-
-    async def _next_token_topk(
-        self,
-        contexts: Sequence[Sequence[int]],
-        temperature: float,
-        model: str,
-        label: str,
-        headers: RequestHeaders | None,
-    ) -> TokenLogprobs:
-        nlabel = f"normalisers at τ={temperature:g} for {label}"
-        calls = self.adapter.build_next_token_topk(contexts, temperature, model, label=nlabel)
-        send = self.transport.request_json
-        bodies = await gather_or_fail(
-            [send("POST", c.path, c.payload, label=nlabel, headers=headers) for c in calls]
-        )
-        return self.adapter.parse_next_token_topk(calls, bodies, len(contexts), label=nlabel)
+        """Exact ``log q`` (``lo == hi``) of given tokens under every temperature asked
+        (:meth:`Scoring.exact`: where the server cannot, a clear error)."""
+        return await self.scoring.exact(requests, headers=headers)
 
     # ---- metrics
 
