@@ -5,16 +5,19 @@ A proposal is filled part by part, each part one generation request:
 
 * **placement**: where the dialect keeps one prefix cache per server slot (llama.cpp), each
   request goes to the slot the client chooses (:mod:`backends.slots`; read once from the
-  adapter's ``slots_path``), and the slot is given back as soon as its answer is in;
+  dialect's ``traits.slots_path`` by its slots part), and the slot is given back as soon as
+  its answer is in;
 * **repair**: a whole answer may lack what a dialect leaves out (llama.cpp sends no
-  probabilities for a token whose text ends inside a UTF-8 character): the adapter's
-  :meth:`~backends.adapter.Adapter.repair_calls` fetch it before the answer is parsed; a stream
-  that leaves such a token out (:meth:`~backends.adapter.Adapter.stream_generated` counts past
-  what came) is closed, and the rest comes from the whole proposal, fetched unstreamed and
-  repaired (its seed gives the same tokens);
+  probabilities for a token whose text ends inside a UTF-8 character): the dialect's
+  repairs (:meth:`~backends.adapter.AnswerRepairs.repair_calls`) fetch it before the answer is
+  parsed; a stream that leaves such a token out
+  (:meth:`~backends.adapter.AnswerRepairs.stream_generated` counts past what came) is closed,
+  and the rest comes from the whole proposal, fetched unstreamed and repaired (its seed gives
+  the same tokens);
 * **continuation**: a part that ends legitimately short (an end-of-generation token sampled,
   which llama.cpp cannot sample through without changing the law) goes on in a next part, the
-  adapter's :meth:`~backends.adapter.Adapter.continuation`; any other short part is an error;
+  dialect's :meth:`~backends.adapter.AnswerRepairs.continuation`; any other short part is an
+  error;
 * **retries** are the transport's: each request is retried there, never a part here (a
   streamed part that ends early is a connection that went away, marked retryable for the
   walk).
@@ -120,11 +123,14 @@ class Generation:
         self._model = model
         """The served model's name (the engine discovers it once)."""
         self._slot_plan: SlotPlan | None = None
-        self._slots_read = adapter.slots_path is None
+        # The optional parts, looked up once: ``None`` where the dialect has none.
+        self._slots = adapter.slots if adapter.traits.slots_path is not None else None
+        self._fixes = adapter.repairs
+        self._slots_read = self._slots is None
         self._slots_lock = asyncio.Lock()
         # Only a dialect whose streams can stop at an EOS or leave a token out pays for
         # watching them (the count and the stop of each batch, the chunks kept).
-        self._watch = adapter.stream_reports_progress
+        self._watch = adapter.traits.stream_reports_progress and self._fixes is not None
 
     async def slot_plan(self) -> SlotPlan | None:
         """The placement of requests on the server's slots (read once), where the dialect
@@ -133,11 +139,11 @@ class Generation:
             return self._slot_plan
         async with self._slots_lock:
             if not self._slots_read:
-                path = self.adapter.slots_path
-                assert path is not None
+                path, slots = self.adapter.traits.slots_path, self._slots
+                assert path is not None and slots is not None
                 try:
                     body = await self.transport.request_json("GET", path, None, label=path)
-                    count = self.adapter.parse_slot_count(body)
+                    count = slots.parse_slot_count(body)
                 except EngineError as exc:
                     count = None
                     logger.warning("%s: %s unreadable (%s)", self.name, path, exc)
@@ -167,7 +173,7 @@ class Generation:
     ) -> AsyncGenerator[ScoredTokens, None]:
         """The proposal's scores (raw modes), chunk by chunk as the server produces them;
         closing the iterator closes the HTTP stream."""
-        if self.adapter.stream_closes_connection:
+        if self.adapter.traits.stream_closes_connection:
             sent = headers if headers is not None else self.transport.headers
             headers = RequestHeaders.of({**sent.plain, "Connection": "close"})
         scores, vocab = request.scores, self.spec.vocab_size
@@ -197,6 +203,7 @@ class Generation:
         model = await self._model()
         plan = self._slot_plan if self._slots_read else await self.slot_plan()
         adapter, vocab, watch = self.adapter, self.spec.vocab_size, self._watch
+        fixes = self._fixes
         received: list[TokenLogprobs] = []  # the chunks kept: a continuation's prefix
         total = 0
         part = request
@@ -213,7 +220,7 @@ class Generation:
                 call = adapter.build_generate(part, model, label=label, stream=True)
                 slot = plan.take(part.prefix) if plan is not None else None
                 if slot is not None:
-                    call = adapter.on_slot(call, slot)
+                    call = self._on_slot(call, slot)
                 first = len(received)
                 # Events arrive in batches (those completed by one network read), parsed and
                 # scored as one chunk: when the client falls behind, its costs per chunk are
@@ -229,9 +236,9 @@ class Generation:
                     async for batch in events:
                         chunk = adapter.parse_stream_events(part, batch, label=label)
                         n = 0 if chunk is None else len(chunk)
-                        if watch:
-                            stop = adapter.stream_stop(batch) or stop
-                            generated = adapter.stream_generated(batch)
+                        if watch and fixes is not None:
+                            stop = fixes.stream_stop(batch) or stop
+                            generated = fixes.stream_generated(batch)
                             if generated is not None and generated > taken + n:
                                 gap = True
                                 break
@@ -262,8 +269,8 @@ class Generation:
             if total >= request.num_tokens:
                 return
             following = None
-            if taken and may_continue:
-                following = adapter.continuation(request, _joined(received))
+            if taken and may_continue and fixes is not None:
+                following = fixes.continuation(request, _joined(received))
             if following is None:
                 raise self._short(request, total, label, stream=stream)
             part = following
@@ -298,7 +305,7 @@ class Generation:
         call = self.adapter.build_generate(part, model, label=label)
         slot = plan.take(part.prefix) if plan is not None else None
         if slot is not None:
-            call = self.adapter.on_slot(call, slot)
+            call = self._on_slot(call, slot)
         body = None
         try:
             body = await self.transport.request_json(
@@ -314,10 +321,19 @@ class Generation:
             # want this slot's cache now.
             if plan is not None and slot is not None:
                 plan.give_back(slot, _answer_tokens(part.prefix, body))
-        fixes = self.adapter.repair_calls(part, body, label=label)
-        extra = await self._repairs(fixes, headers) if fixes else []
-        parsed = self.adapter.parse_generate_with(part, body, extra, label=label)
+        repairs = self._fixes
+        if repairs is None:
+            parsed = self.adapter.parse_generate(part, body, label=label)
+        else:
+            fixes = repairs.repair_calls(part, body, label=label)
+            extra = await self._repairs(fixes, headers) if fixes else []
+            parsed = repairs.parse_generate_with(part, body, extra, label=label)
         return check_token_ids(parsed, self.spec.vocab_size, label=label, engine=self.name)
+
+    def _on_slot(self, call: HttpCall, slot: int) -> HttpCall:
+        # A slot is taken only from a plan, and a plan is made only with a slots part.
+        assert self._slots is not None
+        return self._slots.on_slot(call, slot)
 
     async def _repairs(
         self, fixes: Sequence[HttpCall], headers: RequestHeaders | None

@@ -18,7 +18,7 @@ import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
-from presto_client.backends.adapter import RAW, Adapter, HttpCall
+from presto_client.backends.adapter import RAW, Adapter, HttpCall, TokenizerCalls
 from presto_client.backends.generation import Generation, proposal_label
 from presto_client.backends.http_probe import Probe, ServerFindings
 from presto_client.backends.metrics import prefix_cache_metrics
@@ -82,7 +82,7 @@ class HttpEngine:
             api_key=spec.api_key,
             pool=pool,
             sleep=sleep,
-            start_hint=adapter.start_hint,
+            start_hint=adapter.traits.start_hint,
         )
         self._model: str | None = spec.model
         self._model_lock = asyncio.Lock()
@@ -143,7 +143,7 @@ class HttpEngine:
                 names = await self._served_models()
                 if not names:
                     raise EngineError(
-                        f"{self.base_url}{self.adapter.models_path} lists no model",
+                        f"{self.base_url}{self.adapter.traits.models_path} lists no model",
                         engine=self.name,
                     )
                 self._model = names[0]
@@ -158,7 +158,7 @@ class HttpEngine:
     async def _served_models(self) -> list[str]:
         try:
             body = await self.transport.request_json(
-                "GET", self.adapter.models_path, label="model discovery"
+                "GET", self.adapter.traits.models_path, label="model discovery"
             )
         except EngineRequestError as exc:
             other = await self._other_dialect()
@@ -178,7 +178,7 @@ class HttpEngine:
         """Which other dialect's model listing this server answers (only on a failure path:
         one GET each), as ``(path, dialect in words)``."""
         for path, dialect in _MODEL_LISTINGS:
-            if path == self.adapter.models_path:
+            if path == self.adapter.traits.models_path:
                 continue
             try:
                 if await self.transport.get_status(path) == 200:
@@ -295,13 +295,13 @@ class HttpEngine:
 
     async def metrics(self) -> dict[str, float]:
         """Prefix-cache counters (``prefix_cache_queries``, ``prefix_cache_hits``, tokens)."""
-        if self.adapter.metric_names is None:
+        if self.adapter.traits.metric_names is None:
             return {}
-        text = await self.transport.get_text(self.adapter.metrics_path, label="metrics")
+        text = await self.transport.get_text(self.adapter.traits.metrics_path, label="metrics")
         return prefix_cache_metrics(
             text,
-            self.adapter.metric_names,
-            queries_exclude_hits=self.adapter.metric_queries_exclude_hits,
+            self.adapter.traits.metric_names,
+            queries_exclude_hits=self.adapter.traits.metric_queries_exclude_hits,
         )
 
     # ---- probe
@@ -321,12 +321,13 @@ class HttpEngine:
         self, text: str, *, chat_template: bool = False, system_prompt: str | None = None
     ) -> tuple[int, ...]:
         """Token ids of ``text`` under the served model's tokenizer (optionally as a chat turn)."""
-        calls = self.adapter.build_tokenize(
+        tokenizer = self._tokenizer()
+        calls = tokenizer.build_tokenize(
             text, await self.model(), chat_template=chat_template, system_prompt=system_prompt
         )
         body = await self._tokenizer_answer(calls)
         try:
-            return self.adapter.parse_tokenize(body)
+            return tokenizer.parse_tokenize(body)
         except InvalidResponseError as exc:
             raise InvalidResponseError(str(exc), engine=self.name) from None
 
@@ -339,7 +340,8 @@ class HttpEngine:
     ) -> tuple[int, ...]:
         """Token ids of a conversation through the served model's chat template (by default
         ending with the prompt for the assistant's next turn)."""
-        calls = self.adapter.build_tokenize_messages(
+        tokenizer = self._tokenizer()
+        calls = tokenizer.build_tokenize_messages(
             messages,
             await self.model(),
             add_generation_prompt=add_generation_prompt,
@@ -347,20 +349,32 @@ class HttpEngine:
         )
         body = await self._tokenizer_answer(calls)
         try:
-            return self.adapter.parse_tokenize(body)
+            return tokenizer.parse_tokenize(body)
         except InvalidResponseError as exc:
             raise InvalidResponseError(str(exc), engine=self.name) from None
 
     async def _tokenizer_answer(self, calls: Sequence[HttpCall]) -> Any:
+        tokenizer = self._tokenizer()
         body = await self._first_answer(calls, "tokenize", "give prompts.token_ids, or use")
-        while (following := self.adapter.tokenize_next(body)) is not None:
+        while (following := tokenizer.tokenize_next(body)) is not None:
             body = await self._first_answer(following, "tokenize", "give prompts.token_ids, or use")
         return body
 
+    def _tokenizer(self) -> TokenizerCalls:
+        tokenizer = self.adapter.tokenizer
+        if tokenizer is None:
+            raise EngineRequestError(
+                f"the {self.adapter.traits.dialect} dialect has no tokenizer calls: give "
+                "prompts.token_ids",
+                engine=self.name,
+            )
+        return tokenizer
+
     async def detokenize(self, token_ids: Sequence[int]) -> str | None:
         """The text of ``token_ids`` (``None`` when the server's answer has none)."""
-        calls = self.adapter.build_detokenize(token_ids, await self.model())
-        return self.adapter.parse_detokenize(
+        tokenizer = self._tokenizer()
+        calls = tokenizer.build_detokenize(token_ids, await self.model())
+        return tokenizer.parse_detokenize(
             await self._first_answer(calls, "detokenize", "responses need")
         )
 

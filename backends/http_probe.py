@@ -102,11 +102,12 @@ class Probe:
         healthy, :class:`ProbeError` when it serves another model or its logprob semantics are
         not the configured mode. Softer findings go to ``warnings`` and the log.
         """
-        health = f"{self.base_url}{self.adapter.health_path}"
-        status = await self.transport.get_status(self.adapter.health_path, refuse_redirects=True)
+        path = self.adapter.traits.health_path
+        health = f"{self.base_url}{path}"
+        status = await self.transport.get_status(path, refuse_redirects=True)
         if status in (404, 405, 501):  # nothing there: a wrong URL, or another kind of server
             raise EngineUnavailableError(
-                f"{health} answered HTTP {status}: a wrong URL? {self.adapter.health_path} is "
+                f"{health} answered HTTP {status}: a wrong URL? {path} is "
                 "not served there, so this is not the root of a vLLM/SGLang/OpenAI-compatible "
                 "server; base_url is the server's root (e.g. http://localhost:8000, no /v1)",
                 engine=self.name,
@@ -129,9 +130,9 @@ class Probe:
             engine=self.name, base_url=self.base_url, model=model, logprob_mode=self.adapter.mode
         )
         header = self.spec.routing_key_header
-        gateway = await check_gateway(self.transport, self.adapter.dialect, header, report)
+        gateway = await check_gateway(self.transport, self.adapter.traits.dialect, header, report)
         try:
-            if self.adapter.can_score:
+            if self.adapter.scoring is not None:
                 await self._probe_semantics(model, report)
             else:
                 report.warnings.append(
@@ -139,10 +140,10 @@ class Probe:
                 )
             if check_seeds:
                 await self._probe_seeds(model, report)
-            if check_scoring and self.adapter.can_score and self.adapter.semantics == RAW:
+            if check_scoring and self.adapter.scoring is not None and self.adapter.semantics == RAW:
                 await self._probe_exact_scoring(model, report)
         except EngineRequestError as exc:
-            explained = refused_token_ids(gateway, self.adapter.dialect, str(exc))
+            explained = refused_token_ids(gateway, self.adapter.traits.dialect, str(exc))
             if explained is None:
                 raise
             raise ProbeError(explained, engine=self.name) from exc
@@ -199,7 +200,8 @@ class Probe:
             report.warnings.append(f"seeds are not honoured: {self.adapter.hint_for_seeds()}")
 
     async def _probe_exact_scoring(self, model: str, report: ProbeReport) -> None:
-        full_k = self.adapter.full_vocab_top_k()
+        scoring = self.adapter.scoring
+        full_k = scoring.full_vocab_top_k() if scoring is not None else None
         if full_k is None:
             self.findings.scoring_ok = False
         else:

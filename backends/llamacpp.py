@@ -48,7 +48,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from presto_client.backends.adapter import RAW, Adapter, HttpCall
+from presto_client.backends.adapter import (
+    Adapter,
+    AnswerRepairs,
+    DialectTraits,
+    HttpCall,
+    ScoringCalls,
+    SlotPlacement,
+)
 from presto_client.backends.parsing import (
     TokenLogprobs,
     check_ids,
@@ -56,6 +63,7 @@ from presto_client.backends.parsing import (
     token_id_value,
     topk_rows,
 )
+from presto_client.backends.tokenizer_calls import ServerTokenizer
 from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 
@@ -324,34 +332,41 @@ def _fill_held_back(
 
 
 class LlamaCppAdapter(Adapter):
-    dialect: ClassVar[str] = "llamacpp"
-    modes: ClassVar[tuple[str, ...]] = (RAW,)
-    default_mode: ClassVar[str] = RAW
-    models_path: ClassVar[str] = "/v1/models"
-    # prompt_tokens counts the prompt tokens computed (the cached ones are left out).
-    metric_names: ClassVar[tuple[str, str] | None] = (
-        "llamacpp:prompt_tokens",
-        "llamacpp:prompt_tokens_cached",
+    """The core, plus every optional part: scoring, slots, repairs and its own tokenizer."""
+
+    traits: ClassVar[DialectTraits] = DialectTraits(
+        dialect="llamacpp",
+        # prompt_tokens counts the prompt tokens computed (the cached ones are left out).
+        metric_names=("llamacpp:prompt_tokens", "llamacpp:prompt_tokens_cached"),
+        metric_queries_exclude_hits=True,
+        streaming=True,
+        stream_reports_progress=True,
+        # cpp-httplib answers "Keep-Alive: timeout=5, max=100" to a stream, then closes it.
+        stream_closes_connection=True,
+        # One prefix cache per slot: proposals are placed on slots (backends/slots.py).
+        slots_path="/props",
+        start_hint=(
+            "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics -fa on "
+            "-ctk bf16 -ctv bf16 --cache-ram 0`; or "
+            "`bash scripts/llamacpp.sh start` for the CPU test server (port 8790)"
+        ),
     )
-    metric_queries_exclude_hits: ClassVar[bool] = True
-    streaming: ClassVar[bool] = True
-    stream_reports_progress: ClassVar[bool] = True
-    # cpp-httplib answers "Keep-Alive: timeout=5, max=100" to a stream, then closes it.
-    stream_closes_connection: ClassVar[bool] = True
-    # One prefix cache per slot: proposals are placed on slots (backends/slots.py).
-    slots_path: ClassVar[str | None] = "/props"
-    max_top_k: ClassVar[int | None] = None
-    start_hint: ClassVar[str] = (
-        "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics -fa on "
-        "-ctk bf16 -ctv bf16 --cache-ram 0`; or "
-        "`bash scripts/llamacpp.sh start` for the CPU test server (port 8790)"
-    )
-    tokenize_paths: ClassVar[tuple[str, ...]] = ("/tokenize",)
-    detokenize_paths: ClassVar[tuple[str, ...]] = ("/detokenize",)
 
     @property
-    def can_score(self) -> bool:
-        return True
+    def scoring(self) -> ScoringCalls:
+        return self
+
+    @property
+    def slots(self) -> SlotPlacement:
+        return self
+
+    @property
+    def repairs(self) -> AnswerRepairs:
+        return self
+
+    @property
+    def tokenizer(self) -> ServerTokenizer:
+        return LLAMACPP_TOKENIZER
 
     def _payload(self, prefix: Sequence[int], n: int, temperature: float, seed: int) -> dict:
         if not prefix:
@@ -459,50 +474,6 @@ class LlamaCppAdapter(Adapter):
             request.scores,
         )
 
-    # ---- the tokenizer: /tokenize takes "content"; a conversation goes through
-    # /apply-template first (its answer's "prompt" is then tokenized)
-
-    def build_tokenize(
-        self,
-        text: str,
-        model: str | None,
-        *,
-        chat_template: bool = False,
-        system_prompt: str | None = None,
-    ) -> list[HttpCall]:
-        if chat_template:
-            return super().build_tokenize(
-                text, model, chat_template=True, system_prompt=system_prompt
-            )
-        payload = {"content": text, "add_special": True, "parse_special": True}
-        return [HttpCall("/tokenize", payload, "tokenize")]
-
-    def build_tokenize_messages(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        model: str | None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-    ) -> list[HttpCall]:
-        # (/apply-template has no continue_final_message: a final turn is rendered closed)
-        payload = {
-            "messages": [dict(m) for m in messages],
-            "add_generation_prompt": add_generation_prompt,
-        }
-        return [HttpCall("/apply-template", payload, "chat template")]
-
-    def tokenize_next(self, body: Any) -> list[HttpCall] | None:
-        if isinstance(body, dict) and "tokens" not in body and isinstance(body.get("prompt"), str):
-            # The template wrote the special tokens as text: parse them, add no BOS of its own.
-            payload = {"content": body["prompt"], "add_special": False, "parse_special": True}
-            return [HttpCall("/tokenize", payload, "tokenize")]
-        return None
-
-    def parse_detokenize(self, body: Any) -> str | None:
-        text = body.get("content") if isinstance(body, dict) else None
-        return text if isinstance(text, str) else None
-
     # ---- scoring: one forced one-token generation per position
 
     def build_score_calls(
@@ -546,6 +517,17 @@ class LlamaCppAdapter(Adapter):
     def full_vocab_top_k(self) -> int | None:
         return -1
 
+    def build_next_token_topk(
+        self, contexts: Sequence[Sequence[int]], temperature: float, model: str, *, label: str
+    ) -> list[HttpCall]:
+        # Only a scaled mode asks for next-token normalisers; this dialect has none.
+        raise NotImplementedError("llama.cpp has no scaled mode")
+
+    def parse_next_token_topk(
+        self, calls: Sequence[HttpCall], bodies: Sequence[Any], n: int, *, label: str
+    ) -> TokenLogprobs:
+        raise NotImplementedError("llama.cpp has no scaled mode")
+
     def hint_for_seeds(self) -> str:
         return (
             "identical seeds gave different tokens: is llama-server running with speculative "
@@ -557,3 +539,52 @@ class LlamaCppAdapter(Adapter):
             "llama.cpp scores a token by a forced one-token generation per position; the "
             "server refused it"
         )
+
+
+class LlamaCppTokenizer(ServerTokenizer):
+    """llama-server's tokenizer: ``/tokenize`` takes ``content``; a conversation goes through
+    ``/apply-template`` first (its answer's ``prompt`` is then tokenized)."""
+
+    def build_tokenize(
+        self,
+        text: str,
+        model: str | None,
+        *,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+    ) -> list[HttpCall]:
+        if chat_template:
+            return super().build_tokenize(
+                text, model, chat_template=True, system_prompt=system_prompt
+            )
+        payload = {"content": text, "add_special": True, "parse_special": True}
+        return [HttpCall("/tokenize", payload, "tokenize")]
+
+    def build_tokenize_messages(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        model: str | None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[HttpCall]:
+        # (/apply-template has no continue_final_message: a final turn is rendered closed)
+        payload = {
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+        }
+        return [HttpCall("/apply-template", payload, "chat template")]
+
+    def tokenize_next(self, body: Any) -> list[HttpCall] | None:
+        if isinstance(body, dict) and "tokens" not in body and isinstance(body.get("prompt"), str):
+            # The template wrote the special tokens as text: parse them, add no BOS of its own.
+            payload = {"content": body["prompt"], "add_special": False, "parse_special": True}
+            return [HttpCall("/tokenize", payload, "tokenize")]
+        return None
+
+    def parse_detokenize(self, body: Any) -> str | None:
+        text = body.get("content") if isinstance(body, dict) else None
+        return text if isinstance(text, str) else None
+
+
+LLAMACPP_TOKENIZER = LlamaCppTokenizer(("/tokenize",), ("/detokenize",))

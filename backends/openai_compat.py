@@ -14,9 +14,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from presto_client.backends.adapter import RAW, Adapter, HttpCall
+from presto_client.backends.adapter import Adapter, DialectTraits, HttpCall
 from presto_client.backends.completions import parse_completion_logprobs
 from presto_client.backends.parsing import TokenLogprobs, check_length, logprob_value, topk_rows
+from presto_client.backends.tokenizer_calls import SERVER_TOKENIZER, ServerTokenizer
 from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 
@@ -82,15 +83,18 @@ def parse_openai_choice(
 
 
 class OpenAICompatAdapter(Adapter):
-    dialect: ClassVar[str] = "openai"
-    modes: ClassVar[tuple[str, ...]] = (RAW,)
-    default_mode: ClassVar[str] = RAW
-    metric_names: ClassVar[tuple[str, str] | None] = None
-    streaming: ClassVar[bool] = True
-    start_hint: ClassVar[str] = (
-        "start an OpenAI-compatible completions server there (e.g. `llama-server -m MODEL.gguf "
-        "--port PORT`)"
+    traits: ClassVar[DialectTraits] = DialectTraits(
+        dialect="openai",
+        streaming=True,
+        start_hint=(
+            "start an OpenAI-compatible completions server there (e.g. `llama-server -m "
+            "MODEL.gguf --port PORT`)"
+        ),
     )
+
+    @property
+    def tokenizer(self) -> ServerTokenizer:
+        return SERVER_TOKENIZER
 
     def build_generate(
         self, request: ProposalRequest, model: str, *, label: str, stream: bool = False

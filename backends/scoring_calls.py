@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from presto_client.backends.adapter import SCALED, Adapter
+from presto_client.backends.adapter import SCALED, Adapter, ScoringCalls
 from presto_client.backends.generation import answer_cap
 from presto_client.backends.http_probe import ServerFindings
 from presto_client.backends.parsing import TokenLogprobs, check_token_ids
@@ -49,6 +49,16 @@ class Scoring:
         self._model = model
         """The served model's name (the engine discovers it once)."""
 
+    def _part(self) -> ScoringCalls:
+        """The dialect's scoring part (an error naming the fix where it has none)."""
+        scoring = self.adapter.scoring
+        if scoring is None:
+            raise EngineRequestError(
+                f"this dialect has no scoring call: {self.adapter.hint_for_scoring()}",
+                engine=self.name,
+            )
+        return scoring
+
     async def raw(
         self,
         prefix: Sequence[int],
@@ -62,7 +72,8 @@ class Scoring:
         ``token_ids`` after ``prefix``, by the dialect's scoring calls."""
         k = self.spec.top_k if top_k is None else top_k
         slabel = f"scoring of {label}"
-        calls = self.adapter.build_score_calls(prefix, token_ids, model, k, label=slabel)
+        scoring = self._part()
+        calls = scoring.build_score_calls(prefix, token_ids, model, k, label=slabel)
         cap = answer_cap(self.spec, len(prefix) + len(token_ids), k)
         bodies = await gather_or_fail(
             [
@@ -72,7 +83,7 @@ class Scoring:
                 for c in calls
             ]
         )
-        parsed = self.adapter.parse_score_bodies(prefix, token_ids, bodies, k, label=slabel)
+        parsed = scoring.parse_score_bodies(prefix, token_ids, bodies, k, label=slabel)
         return check_token_ids(parsed, self.spec.vocab_size, label=slabel, engine=self.name)
 
     async def exact(
@@ -86,7 +97,7 @@ class Scoring:
         """
         if not requests:
             return []
-        if self.findings.scoring_ok is False or not self.adapter.can_score:
+        if self.findings.scoring_ok is False or self.adapter.scoring is None:
             raise EngineRequestError(
                 f"exact scoring is not available: {self.adapter.hint_for_scoring()}",
                 engine=self.name,
@@ -116,7 +127,7 @@ class Scoring:
             return exact_from_normalisers(
                 raw, dict(zip(temps, rows, strict=True)), request.scores, label=label
             )
-        full_k = self.adapter.full_vocab_top_k()
+        full_k = self._part().full_vocab_top_k()
         vocab = self.spec.vocab_size
         if full_k is None:
             raise EngineRequestError(
@@ -146,9 +157,10 @@ class Scoring:
         headers: RequestHeaders | None,
     ) -> TokenLogprobs:
         nlabel = f"normalisers at τ={temperature:g} for {label}"
-        calls = self.adapter.build_next_token_topk(contexts, temperature, model, label=nlabel)
+        scoring = self._part()
+        calls = scoring.build_next_token_topk(contexts, temperature, model, label=nlabel)
         send = self.transport.request_json
         bodies = await gather_or_fail(
             [send("POST", c.path, c.payload, label=nlabel, headers=headers) for c in calls]
         )
-        return self.adapter.parse_next_token_topk(calls, bodies, len(contexts), label=nlabel)
+        return scoring.parse_next_token_topk(calls, bodies, len(contexts), label=nlabel)

@@ -20,7 +20,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall, ParsedModels
+from presto_client.backends.adapter import (
+    RAW,
+    SCALED,
+    Adapter,
+    DialectTraits,
+    HttpCall,
+    OneCallScoring,
+    ParsedModels,
+    ScoringCalls,
+)
 from presto_client.backends.parsing import (
     TokenLogprobs,
     check_ids,
@@ -33,6 +42,7 @@ from presto_client.backends.parsing import (
     topk_from_flat,
     topk_rows,
 )
+from presto_client.backends.tokenizer_calls import SERVER_TOKENIZER, ServerTokenizer
 from presto_client.core.engine_protocol import FloatArray, IntArray, ProposalRequest
 from presto_client.errors import InvalidResponseError
 from presto_client.terminal_text import server_text
@@ -150,20 +160,17 @@ def _top_rows(entries: Any, n: int, k: int, label: str, what: str) -> tuple[IntA
     return topk_rows(rows, k, label=label)
 
 
-class SglangAdapter(Adapter):
-    dialect: ClassVar[str] = "sglang"
-    modes: ClassVar[tuple[str, ...]] = (SCALED, RAW)
-    default_mode: ClassVar[str] = SCALED
-    models_path: ClassVar[str] = "/get_model_info"
-    metric_names: ClassVar[tuple[str, str] | None] = (
-        "sglang:prompt_tokens",
-        "sglang:cached_tokens",
-    )
-    streaming: ClassVar[bool] = False
-    max_top_k: ClassVar[int | None] = None
-    start_hint: ClassVar[str] = (
-        "start it with `python -m sglang.launch_server --model-path DIR --port PORT "
-        "--enable-metrics --enable-deterministic-inference` (SGLang needs a GPU)"
+class SglangAdapter(OneCallScoring, Adapter):
+    traits: ClassVar[DialectTraits] = DialectTraits(
+        dialect="sglang",
+        modes=(SCALED, RAW),
+        default_mode=SCALED,
+        models_path="/get_model_info",
+        metric_names=("sglang:prompt_tokens", "sglang:cached_tokens"),
+        start_hint=(
+            "start it with `python -m sglang.launch_server --model-path DIR --port PORT "
+            "--enable-metrics --enable-deterministic-inference` (SGLang needs a GPU)"
+        ),
     )
 
     @property
@@ -171,8 +178,8 @@ class SglangAdapter(Adapter):
         return SCALED if self.mode == SCALED else RAW
 
     @property
-    def can_score(self) -> bool:
-        return True
+    def scoring(self) -> ScoringCalls:
+        return self
 
     def parse_models(self, body: Any) -> ParsedModels:
         if isinstance(body, dict) and isinstance(body.get("model_path"), str):
@@ -190,6 +197,10 @@ class SglangAdapter(Adapter):
         if seed is not None:
             params["sampling_seed"] = int(seed)
         return params
+
+    @property
+    def tokenizer(self) -> ServerTokenizer:
+        return SERVER_TOKENIZER
 
     def build_generate(
         self, request: ProposalRequest, model: str, *, label: str, stream: bool = False

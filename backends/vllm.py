@@ -20,7 +20,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from presto_client.backends.adapter import RAW, SCALED, Adapter, HttpCall
+from presto_client.backends.adapter import (
+    RAW,
+    SCALED,
+    Adapter,
+    DialectTraits,
+    HttpCall,
+    OneCallScoring,
+    ScoringCalls,
+)
 from presto_client.backends.completions import fast_completion_logprobs, parse_completion_logprobs
 from presto_client.backends.parsing import (
     TokenLogprobs,
@@ -29,6 +37,7 @@ from presto_client.backends.parsing import (
     token_id_value,
     topk_rows,
 )
+from presto_client.backends.tokenizer_calls import SERVER_TOKENIZER, ServerTokenizer
 from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 
@@ -96,21 +105,20 @@ def _merge_stream_choices(events: Sequence[Any]) -> dict[str, Any] | None:
     return {"token_ids": ids, "logprobs": {"token_logprobs": values, "top_logprobs": top}}
 
 
-class VllmAdapter(Adapter):
-    dialect: ClassVar[str] = "vllm"
-    modes: ClassVar[tuple[str, ...]] = (RAW, PROCESSED)
-    default_mode: ClassVar[str] = RAW
-    metric_names: ClassVar[tuple[str, str] | None] = (
-        "vllm:prefix_cache_queries",
-        "vllm:prefix_cache_hits",
-    )
-    streaming: ClassVar[bool] = True
-    max_top_k: ClassVar[int | None] = 20  # --max-logprobs default
-    start_hint: ClassVar[str] = (
-        "start it with `python -m vllm.entrypoints.openai.api_server --model DIR --port PORT "
-        "--dtype float32`; or `bash scripts/vllm_cpu.sh start` for the CPU test server, which "
-        "serves on port 8765, not 8000 (configs/vllm_cpu.yaml points there; elsewhere add "
-        "`--set engines[0].base_url=http://127.0.0.1:8765`)"
+class VllmAdapter(OneCallScoring, Adapter):
+    traits: ClassVar[DialectTraits] = DialectTraits(
+        dialect="vllm",
+        modes=(RAW, PROCESSED),
+        default_mode=RAW,
+        metric_names=("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"),
+        streaming=True,
+        max_top_k=20,  # --max-logprobs default
+        start_hint=(
+            "start it with `python -m vllm.entrypoints.openai.api_server --model DIR --port PORT "
+            "--dtype float32`; or `bash scripts/vllm_cpu.sh start` for the CPU test server, which "
+            "serves on port 8765, not 8000 (configs/vllm_cpu.yaml points there; elsewhere add "
+            "`--set engines[0].base_url=http://127.0.0.1:8765`)"
+        ),
     )
 
     @property
@@ -118,8 +126,12 @@ class VllmAdapter(Adapter):
         return SCALED if self.mode == PROCESSED else RAW
 
     @property
-    def can_score(self) -> bool:
-        return True
+    def scoring(self) -> ScoringCalls:
+        return self
+
+    @property
+    def tokenizer(self) -> ServerTokenizer:
+        return SERVER_TOKENIZER
 
     # ---- generation
 

@@ -171,7 +171,7 @@ async def _refused(engine: Any, path: str, payload: dict[str, Any]) -> str | Non
 
 async def _listed_vocab(engine: Any) -> int | None:
     body = await engine.transport.request_json(
-        "GET", engine.adapter.models_path, label="vocabulary size"
+        "GET", engine.adapter.traits.models_path, label="vocabulary size"
     )
     return models_meta_vocab(body)
 
@@ -185,7 +185,7 @@ async def discover_vocab_size(
     adapter = getattr(engine, "adapter", None)
     if adapter is None or getattr(engine, "transport", None) is None:
         return VocabAnswer(None, "the engine is not a served one")
-    dialect = str(getattr(adapter, "dialect", ""))
+    dialect = str(getattr(getattr(adapter, "traits", None), "dialect", ""))
     try:
         async with asyncio.timeout(timeout_s):
             if dialect == "vllm":
@@ -200,8 +200,8 @@ async def discover_vocab_size(
     except EngineError as exc:
         return VocabAnswer(None, f"the server failed the probe ({exc.detail})")
     if n is not None:
-        return VocabAnswer(n, f"meta.n_vocab of {adapter.models_path}")
-    return VocabAnswer(None, f"its {adapter.models_path} has no meta.n_vocab")
+        return VocabAnswer(n, f"meta.n_vocab of {adapter.traits.models_path}")
+    return VocabAnswer(None, f"its {adapter.traits.models_path} has no meta.n_vocab")
 
 
 def adopt_vocab_size(engine: Any, size: int) -> None:

@@ -345,7 +345,7 @@ class HttpEngineConfig(EngineConfigBase):
         return self.probe
 
     def per_slot_caches(self) -> bool:
-        return adapter_class(self.kind).slots_path is not None
+        return adapter_class(self.kind).traits.slots_path is not None
 
     def opener(self, index: int) -> HttpOpener:
         spec = EngineSpec(

@@ -210,7 +210,7 @@ class ServedEngine:
         for index, replica in enumerate(self.handle.replicas):
             transport = getattr(replica, "transport", None)
             adapter = getattr(replica, "adapter", None)
-            path = getattr(adapter, "health_path", None)
+            path = getattr(getattr(adapter, "traits", None), "health_path", None)
             if transport is None or not isinstance(path, str):
                 continue
             try:

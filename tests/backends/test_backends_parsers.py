@@ -170,20 +170,20 @@ def test_vllm_real_metrics_excerpt() -> None:
     samples = parse_prometheus(text)
     assert samples["vllm:request_success_total"] == 23.0  # summed over label sets
     assert "vllm:prefix_cache_queries_created" not in samples
-    metrics = prefix_cache_metrics(text, vllm().metric_names)
+    metrics = prefix_cache_metrics(text, vllm().traits.metric_names)
     assert metrics["prefix_cache_queries"] == 2258.0
     assert metrics["prefix_cache_hits"] == 64.0
     assert metrics["prefix_cache_hit_rate"] == pytest.approx(64 / 2258)
     # vllm:external_prefix_cache_* (KV-connector sharing) must not be mixed in.
     external = text + 'vllm:external_prefix_cache_hits_total{engine="0"} 1000.0\n'
-    assert prefix_cache_metrics(external, vllm().metric_names)["prefix_cache_hits"] == 64.0
+    assert prefix_cache_metrics(external, vllm().traits.metric_names)["prefix_cache_hits"] == 64.0
     # The same names without the _total suffix are read too.
     bare = "vllm:prefix_cache_queries 10\nvllm:prefix_cache_hits 4\n"
-    assert prefix_cache_metrics(bare, vllm().metric_names)["prefix_cache_hits"] == 4.0
+    assert prefix_cache_metrics(bare, vllm().traits.metric_names)["prefix_cache_hits"] == 4.0
     assert "process_start_time" not in metrics
     # The process collector's start time comes along when the server exposes it.
     started = bare + "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
-    assert prefix_cache_metrics(started, vllm().metric_names)["process_start_time"] == 1.7e9
+    assert prefix_cache_metrics(started, vllm().traits.metric_names)["process_start_time"] == 1.7e9
 
 
 # ---- vLLM: builders and synthetic answers
@@ -374,7 +374,7 @@ def test_sglang_models_from_server_info() -> None:
         'sglang:cached_tokens_total{model_name="m",cache_source="device"} 60.0\n'
         'sglang:cached_tokens_total{model_name="m",cache_source="host"} 20.0\n'
     )
-    metrics = prefix_cache_metrics(text, sglang().metric_names)
+    metrics = prefix_cache_metrics(text, sglang().traits.metric_names)
     assert metrics == {
         "prefix_cache_queries": 100.0,
         "prefix_cache_hits": 80.0,
@@ -447,7 +447,7 @@ def test_openai_payload_asks_for_raw_probs() -> None:
     p = openai(top_k=5).build_generate(request(4), "m", label="p").payload
     assert p["logprobs"] == 5 and p["n_probs"] == 5 and p["post_sampling_probs"] is False
     assert p["samplers"] == ["temperature"] and p["ignore_eos"] is True
-    assert openai().full_vocab_top_k() is None and not openai().can_score
+    assert openai().scoring is None
 
 
 # ---- from normalised logprobs to scores, against the exact reference model

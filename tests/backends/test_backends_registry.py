@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from presto_client import backends
@@ -30,7 +32,7 @@ def test_available_backends_and_engine_protocol() -> None:
 
 def test_register_third_party_backend() -> None:
     class MyAdapter(OpenAICompatAdapter):
-        dialect = "mine"
+        traits = dataclasses.replace(OpenAICompatAdapter.traits, dialect="mine")
 
     register_backend("mine", MyAdapter)
     try:
@@ -71,4 +73,4 @@ def test_spec_accepts_a_single_url_and_names_replicas() -> None:
     two = EngineSpec("vllm", ("http://a:1", "http://b:2"), name="big")
     assert two.display_name(1) == "big#1"
     assert EngineSpec("vllm", ("http://a:1", "http://b:2")).display_name(1) == "vllm@b:2"
-    assert adapter_class("vllm").dialect == "vllm"
+    assert adapter_class("vllm").traits.dialect == "vllm"

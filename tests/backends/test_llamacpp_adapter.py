@@ -133,7 +133,7 @@ def test_a_stop_at_eos_is_a_short_answer_and_continues_after_it() -> None:
     adapter = LlamaCppAdapter(_spec())
     got = adapter.parse_generate(_request(4), _answer([5, EOS], stop="eos"), label="p")
     assert got.token_ids.tolist() == [5, EOS]
-    rest = adapter.continuation(_request(4), got)
+    rest = adapter.repairs.continuation(_request(4), got)
     assert rest is not None
     assert rest.prefix == (10, 11, 12, 5, EOS) and rest.num_tokens == 2
     assert rest.seed == continuation_seed(7, 2) and rest.temperature == 0.25
@@ -278,12 +278,14 @@ llamacpp:tokens_predicted_total 271
 def test_prefix_cache_counters_count_cached_and_computed_prompt_tokens() -> None:
     adapter = LlamaCppAdapter(_spec())
     out = prefix_cache_metrics(
-        METRICS, adapter.metric_names, queries_exclude_hits=adapter.metric_queries_exclude_hits
+        METRICS,
+        adapter.traits.metric_names,
+        queries_exclude_hits=adapter.traits.metric_queries_exclude_hits,
     )
     assert out["prefix_cache_queries"] == 2396 + 1562
     assert out["prefix_cache_hits"] == 1562
     assert out["prefix_cache_hit_rate"] == pytest.approx(1562 / 3958)
-    assert adapter.capabilities().metrics == adapter.metric_names
+    assert adapter.capabilities().metrics == adapter.traits.metric_names
 
 
 async def test_engine_reads_the_prefix_cache_counters_from_metrics() -> None:

@@ -16,16 +16,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from presto_client.backends.adapter import RAW, Adapter, HttpCall
+from presto_client.backends.adapter import RAW, Adapter, DialectTraits, HttpCall
 from presto_client.backends.parsing import TokenLogprobs, check_length, topk_rows
 from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.errors import InvalidResponseError
 
 
 class ToyAdapter(Adapter):
-    dialect: ClassVar[str] = "toy"
-    modes: ClassVar[tuple[str, ...]] = (RAW,)
-    default_mode: ClassVar[str] = RAW
+    # The whole required core: the traits, one builder and one parser (no optional part).
+    traits: ClassVar[DialectTraits] = DialectTraits(dialect="toy", modes=(RAW,), default_mode=RAW)
 
     def build_generate(
         self, request: ProposalRequest, model: str, *, label: str, stream: bool = False
