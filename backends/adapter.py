@@ -14,7 +14,7 @@ The core a dialect must write is close to lm-eval's ``TemplateAPI``: its :class:
 some servers can do is an optional part the dialect exposes as an attribute (``None`` when it
 cannot), each checked once where it is used: :class:`ScoringCalls` (raw logprobs of given tokens),
 :class:`SlotPlacement`, :class:`AnswerRepairs` (what an answer leaves out, an early stop) and the
-tokenizer (:mod:`backends.tokenizer_calls`).
+tokenizer (:class:`TokenizerCalls`; vLLM's shape in :mod:`backends.tokenizer_calls`).
 """
 
 from __future__ import annotations
