@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -218,9 +219,12 @@ def test_beyond_the_queue_bound_is_a_429_with_retry_after(tmp_path: Path) -> Non
         for t in threads:
             t.start()
         admission = service.running.service.admission  # type: ignore[union-attr]
-        for _ in range(400):
-            if service.call(lambda: (admission.active, admission.waiting)) == (1, 1):
-                break
+        # A deadline, not a count of polls: on a loaded 2-core machine the two requests can
+        # take seconds to reach admission, and a third sent before then is queued, not refused
+        # (it would then wait on the gate until the client's timeout).
+        deadline = time.monotonic() + 60
+        while service.call(lambda: (admission.active, admission.waiting)) != (1, 1):
+            assert time.monotonic() < deadline, "the two requests never filled the bounds"
             threading.Event().wait(0.01)
         refused = _post(service, body)
         assert refused.status_code == 429
@@ -293,9 +297,9 @@ def test_an_upstream_that_dies_mid_request_is_a_503(tmp_path: Path) -> None:
             thread = threading.Thread(target=lambda: answers.append(_post(service, body)))
             thread.start()
             engine = service.running.service.engine  # type: ignore[union-attr]
-            for _ in range(500):
-                if service.call(lambda: engine.in_flight) > 0:
-                    break
+            deadline = time.monotonic() + 60  # (a deadline: polls are slow under load)
+            while service.call(lambda: engine.in_flight) == 0:
+                assert time.monotonic() < deadline, "the request never reached the engine"
                 threading.Event().wait(0.01)
             upstream.kill()  # the engine dies mid-request: its connections are reset
             upstream.wait(timeout=10)
