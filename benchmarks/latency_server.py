@@ -560,9 +560,11 @@ class LatencyServer:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        await response.prepare(request)
         emu = self.emulation
         try:
+            # Inside the try: a speculative proposal the client closed before its first byte
+            # (an accept rewrote its prefix) resets the connection while the headers go out.
+            await response.prepare(request)
             while True:
                 part = await seq.outbox.get()
                 if part is None:
