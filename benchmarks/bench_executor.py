@@ -101,7 +101,7 @@ class _KillWorkerZero:
         if self.seen == self.after and self.killed_at is None:
             import ray
 
-            from presto_client.orchestration.ray_executor import WORKER_NAME
+            from presto_client.orchestration.executors.ray_executor import WORKER_NAME
 
             ray.kill(ray.get_actor(WORKER_NAME.format(index=0)))
             self.killed_at = time.perf_counter()
@@ -114,9 +114,9 @@ def _rusage_cpu(who: int) -> tuple[float, float]:
 
 def child_main(args: argparse.Namespace) -> None:
     """One arm in this (fresh) process; prints its measurements as one JSON line."""
+    from presto_client.orchestration.config.loading import load_prompts, validate_job_config
     from presto_client.orchestration.job import run_job
-    from presto_client.orchestration.loading import load_prompts, validate_job_config
-    from presto_client.orchestration.plan import make_plan
+    from presto_client.orchestration.planning.plan import make_plan
 
     out = Path(args.run_dir)
     cfg = validate_job_config(_job(args, args.child, out))

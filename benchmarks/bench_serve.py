@@ -30,7 +30,7 @@ import httpx
 from benchmarks.latency_server import LatencyServer, ServerThread
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
-from presto_client.orchestration.loading import validate_job_config
+from presto_client.orchestration.config.loading import validate_job_config
 from presto_client.serve.app import ServeOptions
 from tests.serve.serve_helpers import ServiceThread
 

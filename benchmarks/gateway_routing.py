@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from presto_client.orchestration.config.loading import validate_job_config
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import validate_job_config
 from tests.support.emulation import EmulationServer
 from tests.support.gateways import (
     CONSISTENT_HASH,

@@ -325,7 +325,7 @@ def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
             return run_job(plan, sinks=[progress], probe=not args.no_probe, on_start=on_start)
     except KeyboardInterrupt:
         progress.close()
-        from presto_client.orchestration.rundir import RunDir, finished_ok
+        from presto_client.orchestration.run_dir.rundir import RunDir, finished_ok
 
         run = RunDir(plan.output_dir)
         terminated = received.get("signal") == signal.SIGTERM
@@ -369,8 +369,8 @@ def _exit_status(result: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.loading import load_prompts
-    from presto_client.orchestration.plan import make_plan
+    from presto_client.orchestration.config.loading import load_prompts
+    from presto_client.orchestration.planning.plan import make_plan
     from presto_client.reporting.tables import format_summary_table
 
     cfg = _load(args)
@@ -389,8 +389,8 @@ def _run_notes(plan: Any, result: Any) -> list[str]:
     """What ``presto run`` prints under its tables: an excerpt of the answers, and on an engine
     that computes on this machine's CPU (llama.cpp as presto builds it) why PreSTO cannot be
     faster there and the command that shows its speed-up (issue 40)."""
-    from presto_client.orchestration.planned import LlamaCppServer
-    from presto_client.orchestration.rundir import RunDir
+    from presto_client.orchestration.planning.planned import LlamaCppServer
+    from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.answers import format_answers, format_cpu_note
 
     prompts = {p.index: p.text for p in plan.prompts if p.text is not None}
@@ -403,8 +403,8 @@ def _run_notes(plan: Any, result: Any) -> list[str]:
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.loading import load_prompts
-    from presto_client.orchestration.rundir import RunDir
+    from presto_client.orchestration.config.loading import load_prompts
+    from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.compare import check_baseline, compare_plan, format_comparison
 
     cfg = _load(args)
@@ -427,8 +427,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.rundir import RunDir
-    from presto_client.orchestration.summary import summarize_run
+    from presto_client.orchestration.results.summary import summarize_run
+    from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.plots import write_plots
     from presto_client.reporting.tables import (
         format_runs_table,
@@ -469,8 +469,8 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.plan import describe_plan, make_plan
-    from presto_client.orchestration.rundir import RunDir
+    from presto_client.orchestration.planning.plan import describe_plan, make_plan
+    from presto_client.orchestration.run_dir.rundir import RunDir
 
     cfg = _load(args)
     prompts, not_loaded = cli_quick_run.validate_prompts(cfg)  # (no network: no Hub dataset)
@@ -483,7 +483,7 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     if not_loaded:
         print(f"  {not_loaded}", file=out)
     if args.probe:
-        from presto_client.orchestration.engines import probe_job
+        from presto_client.orchestration.engines.opening import probe_job
 
         lines = probe_job(plan)
         print("probe:", file=out)

@@ -34,13 +34,13 @@ def cmd_fit_predictor(args: argparse.Namespace, out: TextIO) -> int:
         raise ConfigError(
             "presto fit-predictor needs scikit-learn: pip install 'presto-client[fit]'"
         ) from None
-    from presto_client.orchestration.predictor_fit import (
+    from presto_client.orchestration.results.predictor_fit import (
         CLASS_NAMES,
         fit_and_evaluate,
         predictor_json,
         read_decisions,
     )
-    from presto_client.orchestration.rundir import RunDir, atomic_write_text
+    from presto_client.orchestration.run_dir.rundir import RunDir, atomic_write_text
 
     run = RunDir(args.run_dir)
     report = fit_and_evaluate(read_decisions(run), seed=args.seed)

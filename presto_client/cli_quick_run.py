@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration import input_files
-from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.dataset_config import looks_local
-from presto_client.orchestration.input_files import load_yaml, read_text_file
-from presto_client.orchestration.planned import Prompt
+from presto_client.orchestration.config.dataset_config import looks_local
+from presto_client.orchestration.config.schema import JobConfig
+from presto_client.orchestration.planning.planned import Prompt
+from presto_client.orchestration.prompts import input_files
+from presto_client.orchestration.prompts.input_files import load_yaml, read_text_file
 
 progress = logging.getLogger("presto_client.progress")
 
@@ -204,7 +204,7 @@ def _apply_flags(data: dict[str, Any], args: argparse.Namespace, *, fresh: bool)
 def load(args: argparse.Namespace, overrides: list[str]) -> JobConfig:
     """The job of the command line: CONFIG (a file or a ready config's name) or, without one,
     the flags, then ``--set``."""
-    from presto_client.orchestration.loading import load_job_data
+    from presto_client.orchestration.config.loading import load_job_data
 
     config = _flag(args, "config")
     dataset = _flag(args, "dataset")
@@ -248,8 +248,8 @@ def load(args: argparse.Namespace, overrides: list[str]) -> JobConfig:
 def validate_prompts(cfg: JobConfig) -> tuple[list[Prompt], str | None]:
     """The prompts ``presto validate`` checks, without the network: a Hub dataset is not loaded
     (``None`` prompts and a note saying whether it is cached; the job loads it when it runs)."""
-    from presto_client.orchestration.dataset_loader import DatasetNotLoaded
-    from presto_client.orchestration.loading import load_prompts
+    from presto_client.orchestration.config.loading import load_prompts
+    from presto_client.orchestration.prompts.dataset_loader import DatasetNotLoaded
 
     try:
         return load_prompts(cfg, network=False), None

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from presto_client.orchestration.config import JobConfig, Prompt
+from presto_client.orchestration.config.loading import load_job_config
+from presto_client.orchestration.config.schema import JobConfig, Prompt
 from presto_client.orchestration.job import run_job
-from presto_client.orchestration.loading import load_job_config
-from presto_client.orchestration.plan import make_plan
-from presto_client.orchestration.rundir import RunDir
+from presto_client.orchestration.planning.plan import make_plan
+from presto_client.orchestration.run_dir.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The progress of a job on the terminal: a tqdm bar, or plain lines where there is none.
 
-A face (``presto run``): a :class:`~presto_client.orchestration.orchestrator.ChainSink` that
-counts Metropolis–Hastings transitions as the rounds come in.
+A face (``presto run``): a :class:`~presto_client.orchestration.executors.orchestrator.ChainSink`
+that counts Metropolis–Hastings transitions as the rounds come in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from presto_client.core.stats import RoundRecord
-from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
+from presto_client.orchestration.executors.orchestrator import ChainOutcome, ChainSpec
 
 
 def duration(seconds: float) -> str:
@@ -27,7 +27,8 @@ def duration(seconds: float) -> str:
 
 class ProgressBar:
     """Progress of a job in Metropolis–Hastings transitions (a
-    :class:`~presto_client.orchestration.orchestrator.ChainSink`): on a terminal a tqdm bar with
+    :class:`~presto_client.orchestration.executors.orchestrator.ChainSink`): on a terminal a tqdm
+    bar with
     the current arm, the rate and the ETA, kept at the end; elsewhere (a log file, CI) one plain
     line every ``every_s`` seconds and at the end."""
 

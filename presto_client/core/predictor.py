@@ -5,7 +5,7 @@ decision will be ε-certain accept, ε-certain reject, or uncertain; the branch 
 ``h⁺ = ½(1 + P_acc − P_rej)`` weighs the accept child of a tree node. It only steers which
 proposals are prefetched: it never touches a decision, so any predictor keeps the chain exact.
 A refit from a run's own decisions (scikit-learn, outside the core) is
-:mod:`presto_client.orchestration.predictor_fit`.
+:mod:`presto_client.orchestration.results.predictor_fit`.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ others are *speculative*. Speculation is free on a latency-bound engine (a GPU d
 nearly the same for 1 or 64 sequences) and costly on a compute-bound one (every sequence in a CPU
 step slows the others), and when many chains saturate an engine, speculative sequences take batch
 slots from other chains' heads. So the chains of an engine share one :class:`SpeculationBudget`,
-held by whoever opened the engine (the job's engines, :mod:`presto_client.orchestration.engines`)
-and handed to each chain's runner:
+held by whoever opened the engine (the job's engines,
+:mod:`presto_client.orchestration.engines.opening`) and handed to each chain's runner:
 
 * **capacity**: speculative sequences never take the slots that the chains' heads need
   (``capacity − heads``, capacity being the engine's concurrency bound);

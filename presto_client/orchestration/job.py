@@ -1,12 +1,13 @@
 """A planned job, run (or resumed) into its run directory, then summarised.
 
 The faces layer (the CLI, or a Python caller) hands a validated job config and its prompts to
-:func:`~presto_client.orchestration.plan.make_plan` and the plan (plain frozen data,
-:mod:`~presto_client.orchestration.planned`) to :func:`run_job` (blocking) or
+:func:`~presto_client.orchestration.planning.plan.make_plan` and the plan (plain frozen data,
+:mod:`~presto_client.orchestration.planning.planned`) to :func:`run_job` (blocking) or
 :func:`run_job_async`; nothing here sees the config's models. The engines are opened by
-:mod:`presto_client.orchestration.engines`, the chains run by the
-:class:`~presto_client.orchestration.orchestrator.Orchestrator`, every round and finished chain
-written by :class:`RunDirSink`, and the summary by :mod:`presto_client.orchestration.summary`.
+:mod:`presto_client.orchestration.engines.opening`, the chains run by the
+:class:`~presto_client.orchestration.executors.orchestrator.Orchestrator`, every round and finished
+chain written by :class:`RunDirSink`, and the summary by
+:mod:`presto_client.orchestration.results.summary`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ from presto_client.core.engine_protocol import Engine
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.stats import RoundRecord, TransitionRecord
 from presto_client.errors import ConfigError
-from presto_client.orchestration.engines import (
+from presto_client.orchestration.engines.eos_discovery import (
+    EOS_IDENTITY_KEY,
+    resolve_eos_token_ids,
+)
+from presto_client.orchestration.engines.opening import (
     METRICS_TIMEOUT_S,
     METRICS_TIMEOUT_STOPPING_S,
     OpenedEngine,
@@ -38,9 +43,14 @@ from presto_client.orchestration.engines import (
     read_prefix_cache_counters,
     start_embedded_servers,
 )
-from presto_client.orchestration.eos_discovery import EOS_IDENTITY_KEY, resolve_eos_token_ids
-from presto_client.orchestration.executor import ChainExecutor, open_executor
-from presto_client.orchestration.orchestrator import (
+from presto_client.orchestration.engines.server_watch import ServerFailedError, ServerWatch
+from presto_client.orchestration.engines.vocab_discovery import (
+    VOCAB_IDENTITY_KEY,
+    check_prompt_vocab,
+    resolve_vocab_sizes,
+)
+from presto_client.orchestration.executors.executor import ChainExecutor, open_executor
+from presto_client.orchestration.executors.orchestrator import (
     ChainOutcome,
     ChainSink,
     ChainSpec,
@@ -48,17 +58,11 @@ from presto_client.orchestration.orchestrator import (
     JobFailedError,
     OrchestratorResult,
 )
-from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_key
-from presto_client.orchestration.prompt_tokens import decode, encode, encode_messages
-from presto_client.orchestration.quality import ChainGrader, make_chain_grader
-from presto_client.orchestration.rundir import ENGINE_IDENTITY, RunDir, check_output_dir
-from presto_client.orchestration.server_watch import ServerFailedError, ServerWatch
-from presto_client.orchestration.summary import prefix_cache_delta, summarize, summary_rows
-from presto_client.orchestration.vocab_discovery import (
-    VOCAB_IDENTITY_KEY,
-    check_prompt_vocab,
-    resolve_vocab_sizes,
-)
+from presto_client.orchestration.planning.planned import JobPlan, PlannedChain, routing_key
+from presto_client.orchestration.prompts.prompt_tokens import decode, encode, encode_messages
+from presto_client.orchestration.results.quality import ChainGrader, make_chain_grader
+from presto_client.orchestration.results.summary import prefix_cache_delta, summarize, summary_rows
+from presto_client.orchestration.run_dir.rundir import ENGINE_IDENTITY, RunDir, check_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +217,7 @@ async def _discovered_eos(
 ) -> dict[str, int | None]:
     """The EOS of each opened text engine whose config gives none while the stop rule is on:
     the one ``run.json`` recorded where chains already finished on it (none recorded: none),
-    else the server's chat template's (:mod:`.eos_discovery`)."""
+    else the server's chat template's (:mod:`.engines.eos_discovery`)."""
     wanted = [
         name
         for name, handle in engines.items()

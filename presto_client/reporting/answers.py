@@ -7,8 +7,8 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from presto_client.orchestration.rundir import latest_by_chain
-from presto_client.orchestration.summary import BASELINE
+from presto_client.orchestration.results.summary import BASELINE
+from presto_client.orchestration.run_dir.rundir import latest_by_chain
 
 ANSWER_CHARS = 240
 """Characters of each answer shown (the rest is in samples.jsonl)."""

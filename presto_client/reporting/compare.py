@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import JobConfig, Prompt
-from presto_client.orchestration.plan import Arm, JobPlan, make_plan
-from presto_client.orchestration.rundir import latest_by_chain
-from presto_client.orchestration.summary import as_number
+from presto_client.orchestration.config.schema import JobConfig, Prompt
+from presto_client.orchestration.planning.plan import Arm, JobPlan, make_plan
+from presto_client.orchestration.results.summary import as_number
+from presto_client.orchestration.run_dir.rundir import latest_by_chain
 from presto_client.reporting.tables import (
     format_compact_side_by_side,
     format_equivalence_details,

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.errors import PrestoError
-from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.loading import load_prompts
-from presto_client.orchestration.rundir import RunDir, iter_chain_records, latest_by_chain
-from presto_client.orchestration.summary import as_number, summarize_run
+from presto_client.orchestration.config.loading import load_prompts
+from presto_client.orchestration.config.schema import JobConfig
+from presto_client.orchestration.results.summary import as_number, summarize_run
+from presto_client.orchestration.run_dir.rundir import RunDir, iter_chain_records, latest_by_chain
 
 log = logging.getLogger(__name__)
 

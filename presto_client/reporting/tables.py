@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from presto_client.orchestration.summary import BASELINE, EQUIVALENCE_METRICS, replays
+from presto_client.orchestration.results.summary import BASELINE, EQUIVALENCE_METRICS, replays
 
 
 def _fmt(value: Any, kind: str = "") -> str:

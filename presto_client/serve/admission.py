@@ -17,7 +17,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator
 
-from presto_client.orchestration.orchestrator import FifoSemaphore
+from presto_client.orchestration.executors.orchestrator import FifoSemaphore
 from presto_client.serve.errors import ApiError
 
 

@@ -42,7 +42,7 @@ from presto_client.errors import (
     ConfigError,
     EngineError,
 )
-from presto_client.orchestration.server_watch import ServerWatch
+from presto_client.orchestration.engines.server_watch import ServerWatch
 from presto_client.serve.admission import Admission
 from presto_client.serve.chains import ChainBatch, ServedEngine
 from presto_client.serve.errors import ApiError, error_for, invalid, server_gone

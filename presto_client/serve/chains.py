@@ -2,15 +2,15 @@
 
 Everything else in :mod:`presto_client.serve` sees only :class:`ServedEngine` and
 :class:`ChainBatch`. The engine is opened exactly as ``presto run`` opens it
-(:func:`~presto_client.orchestration.engines.open_engines`); every chain runs through
+(:func:`~presto_client.orchestration.engines.opening.open_engines`); every chain runs through
 :func:`~presto_client.core.runners.run_chain` behind the orchestrator's bounded per-chain view
-(:class:`~presto_client.orchestration.orchestrator.LimitedEngine`), all requests sharing one
-per-engine and one global :class:`FifoSemaphore`. Chains of every request therefore share the
+(:class:`~presto_client.orchestration.executors.orchestrator.LimitedEngine`), all requests sharing
+one per-engine and one global :class:`FifoSemaphore`. Chains of every request therefore share the
 engine's slots and, since the opened engine hands each replica's budget to every chain on it,
 its speculation budget.
 Seeds are the job's: chain ``j`` of prompt ``i`` of a request with seed ``s`` gets
-:func:`~presto_client.orchestration.plan.chain_seed` ``(s, i, j)``, the seed ``presto run`` gives
-it with root seed ``s``, so the same prompt, seed and config give the same tokens.
+:func:`~presto_client.orchestration.planning.plan.chain_seed` ``(s, i, j)``, the seed ``presto run``
+gives it with root seed ``s``, so the same prompt, seed and config give the same tokens.
 """
 
 from __future__ import annotations
@@ -34,17 +34,21 @@ from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import JobConfig, SamplerSettings
-from presto_client.orchestration.engines import (
+from presto_client.orchestration.config.schema import JobConfig, SamplerSettings
+from presto_client.orchestration.engines.eos_discovery import discover_eos_token_id
+from presto_client.orchestration.engines.opening import (
     OpenedEngine,
     engine_identities,
     open_engines,
 )
-from presto_client.orchestration.eos_discovery import discover_eos_token_id
-from presto_client.orchestration.orchestrator import EnginePool, FifoSemaphore, LimitedEngine
-from presto_client.orchestration.plan import chain_seed, make_plan
-from presto_client.orchestration.prompt_tokens import decode, encode
-from presto_client.orchestration.vocab_discovery import resolve_engine_vocab
+from presto_client.orchestration.engines.vocab_discovery import resolve_engine_vocab
+from presto_client.orchestration.executors.orchestrator import (
+    EnginePool,
+    FifoSemaphore,
+    LimitedEngine,
+)
+from presto_client.orchestration.planning.plan import chain_seed, make_plan
+from presto_client.orchestration.prompts.prompt_tokens import decode, encode
 from presto_client.urls import redact_text
 
 logger = logging.getLogger(__name__)

@@ -91,7 +91,7 @@ def add_serve_parser(
 def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
     """The service's options: the command line's, its limits those of the config's
     ``serve.limits`` with ``--max-n`` / ``--max-tokens`` over them."""
-    from presto_client.orchestration.serve_config import ServeLimits
+    from presto_client.orchestration.config.serve_config import ServeLimits
     from presto_client.serve.app import ServeOptions
 
     key = None
@@ -140,9 +140,9 @@ def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
 def run_serve(args: argparse.Namespace, cfg: Any) -> int:
     """Serve until interrupted; 0 on a clean stop, 1 when running requests were cut."""
     from presto_client.core.sampler_config import arm_traversal_names
-    from presto_client.orchestration.engines import start_embedded_servers
+    from presto_client.orchestration.engines.opening import start_embedded_servers
     from presto_client.orchestration.job import event_loop_factory
-    from presto_client.orchestration.plan import make_plan
+    from presto_client.orchestration.planning.plan import make_plan
     from presto_client.serve.lifecycle import serve_until_stopped
 
     if cfg.executor.kind != "local":

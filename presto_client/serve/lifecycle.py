@@ -17,8 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.server_watch import ServerWatch, WatchedServer
+from presto_client.orchestration.config.schema import JobConfig
+from presto_client.orchestration.engines.server_watch import ServerWatch, WatchedServer
 from presto_client.serve.app import ServeOptions, Service
 from presto_client.serve.chains import ServedEngine
 from presto_client.serve.guard import (

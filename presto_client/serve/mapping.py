@@ -26,8 +26,8 @@ from pydantic import ValidationError
 
 from presto_client.core.sampler_config import arm_traversal_names
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import JobConfig, SamplerSettings
-from presto_client.orchestration.serve_config import ServeLimits
+from presto_client.orchestration.config.schema import JobConfig, SamplerSettings
+from presto_client.orchestration.config.serve_config import ServeLimits
 from presto_client.serve.chains import ChainBatch, ServedEngine, chain_window, sampler_for
 from presto_client.serve.errors import ApiError, invalid
 from presto_client.serve.wire import ChatBody, CompletionBody

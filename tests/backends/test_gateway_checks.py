@@ -15,7 +15,7 @@ import pytest
 from presto_client.backends import EngineSpec, create_engine
 from presto_client.backends.gateways import parse_workers, routing_findings
 from presto_client.errors import ProbeError
-from presto_client.orchestration.engines import describe_probe
+from presto_client.orchestration.engines.opening import describe_probe
 from tests.support.emulation import EmulationServer
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 

@@ -10,7 +10,7 @@ from presto_client.backends.pool import ConnectError, ReadTimeout
 from presto_client.backends.spec import DEFAULT_RESTART_WINDOW_S, EngineSpec
 from presto_client.backends.transport import Transport
 from presto_client.errors import EngineRequestError, EngineUnavailableError
-from presto_client.orchestration.config import HttpEngineConfig
+from presto_client.orchestration.config.schema import HttpEngineConfig
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 
 

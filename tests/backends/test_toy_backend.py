@@ -22,7 +22,7 @@ from presto_client.backends import EngineSpec, available_backends, create_engine
 from presto_client.cli import main as cli_main
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import ConfigError
-from presto_client.orchestration.loading import load_job_config
+from presto_client.orchestration.config.loading import load_job_config
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 from tests.support.toy_backend import ToyAdapter
 

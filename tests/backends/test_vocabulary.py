@@ -13,7 +13,7 @@ import pytest
 from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import InvalidResponseError
-from presto_client.orchestration.config import JobConfig
+from presto_client.orchestration.config.schema import JobConfig
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 
 LP = math.log(0.5)

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.budget_replay import CURVES, DEMO_CONFIG, PROMPTS, demo_job, replay
 from presto_client.core.runners import run_chain
-from presto_client.orchestration.orchestrator import Orchestrator
+from presto_client.orchestration.executors.orchestrator import Orchestrator
 
 
 def test_a_replay_depends_on_the_cost_curve_alone() -> None:

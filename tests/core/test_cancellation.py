@@ -14,7 +14,7 @@ from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.errors import EngineRequestError
-from presto_client.orchestration.orchestrator import (
+from presto_client.orchestration.executors.orchestrator import (
     ChainSpec,
     EnginePool,
     JobFailedError,

@@ -30,7 +30,7 @@ FIRST_PARTY = frozenset({"presto_client"})
 EXTRA_OF_FILE = {
     "presto_client/embedded": "embedded",
     "presto_client/lm_eval_model.py": "eval",
-    "presto_client/orchestration/predictor_fit.py": "fit",
+    "presto_client/orchestration/results/predictor_fit.py": "fit",
 }
 
 

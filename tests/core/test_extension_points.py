@@ -28,8 +28,8 @@ from presto_client.core.runners import run_chain
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.state import ChainState
 from presto_client.errors import ConfigError
+from presto_client.orchestration.config.loading import validate_job_config
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import validate_job_config
 from presto_client.reporting.tables import format_summary_table
 from tests.support.plans import plan_of
 

@@ -11,7 +11,7 @@ import pytest
 from presto_client.core.logprob_math import scores_from_topk
 from presto_client.core.sampler_config import MAX_ALPHA, SamplerConfig
 from presto_client.errors import ConfigError
-from presto_client.orchestration.loading import validate_job_config
+from presto_client.orchestration.config.loading import validate_job_config
 
 
 def _exact_log_z(top: list[float], a: float) -> float:

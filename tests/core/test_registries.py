@@ -26,7 +26,7 @@ from presto_client.core.sampler_config import (
     traversal_names,
 )
 from presto_client.core.tree import plan_crn
-from presto_client.orchestration.loading import validate_job_config
+from presto_client.orchestration.config.loading import validate_job_config
 from tests.support.plans import plan_of
 
 

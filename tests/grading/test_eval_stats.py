@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from presto_client.orchestration.eval_stats import (
+from presto_client.orchestration.results.eval_stats import (
     accuracy,
     mcnemar,
     mcnemar_exact_p,

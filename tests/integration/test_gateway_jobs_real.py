@@ -17,8 +17,8 @@ from gateways import GatewayPair
 
 from presto_client.backends import EngineSpec, create_engine
 from presto_client.errors import ProbeError
+from presto_client.orchestration.config.loading import validate_job_config
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import validate_job_config
 from tests.support.emulation import EmulationServer
 from tests.support.plans import plan_of
 

@@ -11,7 +11,7 @@ from vllm_servers import VllmServer
 from presto_client.backends import EngineSpec, create_engine, discover_vocab_size
 from presto_client.backends.vocabulary import search_vocab_size
 from presto_client.errors import ConfigError, EngineRequestError
-from presto_client.orchestration.vocab_discovery import resolve_engine_vocab
+from presto_client.orchestration.engines.vocab_discovery import resolve_engine_vocab
 
 VOCAB = 49152  # SmolLM2-135M (its config.json's vocab_size, its GGUF's n_vocab)
 

@@ -16,8 +16,8 @@ import yaml
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.errors import EngineUnavailableError
-from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.loading import validate_job_config
+from presto_client.orchestration.config.loading import validate_job_config
+from presto_client.orchestration.config.schema import JobConfig
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 0, 7, 1], [2, 2]]
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.loading import validate_job_config
+from presto_client.orchestration.config.loading import validate_job_config
 
 
 def _config(sampler: dict[str, Any] | None = None, **engine: Any) -> dict[str, Any]:

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from presto_client.errors import ConfigError
+from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import load_job_config
-from presto_client.orchestration.rundir import fingerprint_conflicts
+from presto_client.orchestration.run_dir.rundir import fingerprint_conflicts
 from tests.support.plans import plan_of
 
 emulation = pytest.importorskip("tests.support.emulation")

@@ -17,11 +17,15 @@ import pytest
 import yaml
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration import dataset_loader
-from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.dataset_config import DatasetConfig
-from presto_client.orchestration.dataset_loader import DatasetNotLoaded, hub_cached, load_rows
-from presto_client.orchestration.loading import load_job_config, load_prompts
+from presto_client.orchestration.config.dataset_config import DatasetConfig
+from presto_client.orchestration.config.loading import load_job_config, load_prompts
+from presto_client.orchestration.config.schema import JobConfig
+from presto_client.orchestration.prompts import dataset_loader
+from presto_client.orchestration.prompts.dataset_loader import (
+    DatasetNotLoaded,
+    hub_cached,
+    load_rows,
+)
 
 ROWS: list[dict[str, Any]] = [
     {"problem": "What is 1+1?", "answer": "2", "level": 1},

@@ -17,8 +17,8 @@ from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.orchestration.rundir import RunDir
-from presto_client.orchestration.summary import summarize, summarize_run
+from presto_client.orchestration.results.summary import summarize, summarize_run
+from presto_client.orchestration.run_dir.rundir import RunDir
 from presto_client.reporting.compare import format_comparison
 from presto_client.reporting.tables import (
     format_compact_side_by_side,

@@ -12,8 +12,8 @@ from pathlib import Path
 from orch_helpers import make_config, reference_engine
 
 from presto_client.core.stats import RoundRecord
+from presto_client.orchestration.executors.orchestrator import ChainOutcome, ChainSpec
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
 from tests.support.plans import plan_of
 
 

@@ -22,9 +22,9 @@ from pydantic import Field
 from presto_client.cli import main
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.errors import ConfigError
-from presto_client.orchestration import engine_config
-from presto_client.orchestration.engine_config import EngineConfigBase, register_engine_kind
-from presto_client.orchestration.loading import validate_job_config
+from presto_client.orchestration.config import engine_config
+from presto_client.orchestration.config.engine_config import EngineConfigBase, register_engine_kind
+from presto_client.orchestration.config.loading import validate_job_config
 
 KIND = "toy_reference"
 

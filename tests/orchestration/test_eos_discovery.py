@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from presto_client.backends import EngineSpec, create_engine
-from presto_client.orchestration.eos_discovery import closing_token, discover_eos_token_id
+from presto_client.orchestration.config.loading import load_job_config
+from presto_client.orchestration.engines.eos_discovery import closing_token, discover_eos_token_id
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import load_job_config
-from presto_client.orchestration.rundir import read_jsonl
+from presto_client.orchestration.run_dir.rundir import read_jsonl
 from tests.support.plans import plan_of
 
 emulation = pytest.importorskip("tests.support.emulation")
@@ -119,7 +119,7 @@ async def test_a_server_without_a_chat_template_runs_every_block_with_one_warnin
 
 
 def test_validate_probe_names_the_servers_eos(tmp_path: Path, server: Any) -> None:
-    from presto_client.orchestration.engines import probe_job
+    from presto_client.orchestration.engines.opening import probe_job
 
     lines = probe_job(plan_of(load_job_config(write(tmp_path, server.base_url))))
     assert f"  v: EOS token {EOT}, from the server's chat template" in lines

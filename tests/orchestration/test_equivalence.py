@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from presto_client.cli import main
-from presto_client.orchestration.summary import paired_tost, summarize
+from presto_client.orchestration.results.summary import paired_tost, summarize
 from presto_client.reporting.tables import (
     equivalence_cell,
     format_side_by_side,

@@ -9,11 +9,11 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration import executor_config
-from presto_client.orchestration.loading import load_job_config, load_prompts
-from presto_client.orchestration.plan import describe_plan, make_plan
-from presto_client.orchestration.planned import ExecutorSettings
-from presto_client.orchestration.shares import deal, split, worker_shares
+from presto_client.orchestration.config import executor_config
+from presto_client.orchestration.config.loading import load_job_config, load_prompts
+from presto_client.orchestration.executors.shares import deal, split, worker_shares
+from presto_client.orchestration.planning.plan import describe_plan, make_plan
+from presto_client.orchestration.planning.planned import ExecutorSettings
 
 
 def test_the_default_executor_is_local(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import pytest
 from orch_helpers import PROMPTS, make_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.eval_stats import pass_at_k
+from presto_client.orchestration.config.loading import load_job_config, load_prompts
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import load_job_config, load_prompts
+from presto_client.orchestration.results.eval_stats import pass_at_k
 from presto_client.reporting.tables import format_summary_table
 from tests.support.plans import plan_of
 
@@ -174,7 +174,7 @@ def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
     assert {"sequential", "greedy", "low_temperature"} <= set(cfg.sampler.traversals)
     prompts = load_prompts(cfg)
     assert len(prompts) == 40 and all(p.answer is not None for p in prompts)
-    from presto_client.orchestration.grading import build_grader
+    from presto_client.orchestration.results.grading import build_grader
 
     grader = build_grader(cfg.grader)
     for p in prompts:
@@ -185,7 +185,7 @@ def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
 
 async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from presto_client.orchestration.rundir import RunDir
+    from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.plots import write_plots
 
     cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "greedy"]})
@@ -200,7 +200,7 @@ async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
 
 
 async def test_compare_table_shows_answer_quality(tmp_path: Path) -> None:
-    from presto_client.orchestration.rundir import RunDir
+    from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.compare import format_comparison
 
     cfg = graded_config(tmp_path / "run", sampler={"traversals": ["sequential", "low_temperature"]})

@@ -14,7 +14,7 @@ from orch_helpers import make_config
 from presto_client.backends import EngineSpec, create_engine
 from presto_client.errors import EngineError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.prompt_tokens import decode, encode
+from presto_client.orchestration.prompts.prompt_tokens import decode, encode
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
 from tests.support.plans import plan_of
 
@@ -135,7 +135,7 @@ async def test_tokenize_falls_back_and_explains() -> None:
 async def test_a_server_without_detokenize_is_asked_once(caplog: pytest.LogCaptureFixture) -> None:
     """Not two failing requests and a log line per chain: once per engine."""
     server = _Tokenizer({})
-    with caplog.at_level("INFO", logger="presto_client.orchestration.prompt_tokens"):
+    with caplog.at_level("INFO", logger="presto_client.orchestration.prompts.prompt_tokens"):
         for _ in range(5):
             assert await decode(server.engine, [1, 2]) is None
     assert [p for p, _ in server.sent] == ["/detokenize", "/v1/detokenize"]

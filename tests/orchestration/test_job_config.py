@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.loading import load_job_config, load_prompts, redacted_dump
-from presto_client.orchestration.overrides import apply_override
+from presto_client.orchestration.config.loading import load_job_config, load_prompts, redacted_dump
+from presto_client.orchestration.config.overrides import apply_override
 
 ROOT = Path(__file__).resolve().parents[2]
 

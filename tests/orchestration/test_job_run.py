@@ -14,10 +14,10 @@ import pytest
 from orch_helpers import PROMPTS, CountingEngine, make_config, reference_engine, wait_until
 
 from presto_client.errors import ConfigError
+from presto_client.orchestration.executors.orchestrator import JobFailedError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.orchestrator import JobFailedError
-from presto_client.orchestration.plan import chain_seed
-from presto_client.orchestration.rundir import RunDir, read_jsonl
+from presto_client.orchestration.planning.plan import chain_seed
+from presto_client.orchestration.run_dir.rundir import RunDir, read_jsonl
 from tests.support.plans import plan_of
 
 

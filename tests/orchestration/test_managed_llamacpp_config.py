@@ -15,13 +15,13 @@ import yaml
 from presto_client.child_servers import llamacpp as llamacpp_server
 from presto_client.child_servers.llamacpp import DEFAULT_SETUP_TIMEOUT_S
 from presto_client.errors import ConfigError, EngineUnavailableError
-from presto_client.orchestration.config import HttpEngineConfig
-from presto_client.orchestration.engine_openers import StartedServerOpener
-from presto_client.orchestration.engines import start_embedded_servers
-from presto_client.orchestration.llamacpp_engine import ManagedLlamaCppConfig
-from presto_client.orchestration.loading import load_job_config
-from presto_client.orchestration.plan import make_plan
-from presto_client.orchestration.planned import LlamaCppServer
+from presto_client.orchestration.config.llamacpp_engine import ManagedLlamaCppConfig
+from presto_client.orchestration.config.loading import load_job_config
+from presto_client.orchestration.config.schema import HttpEngineConfig
+from presto_client.orchestration.engines.engine_openers import StartedServerOpener
+from presto_client.orchestration.engines.opening import start_embedded_servers
+from presto_client.orchestration.planning.plan import make_plan
+from presto_client.orchestration.planning.planned import LlamaCppServer
 
 
 def load(tmp_path: Path, *engines: dict[str, Any]) -> Any:

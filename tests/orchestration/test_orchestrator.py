@@ -12,7 +12,7 @@ from orch_helpers import PROMPTS, CountingEngine, reference_engine, wait_until
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
-from presto_client.orchestration.orchestrator import (
+from presto_client.orchestration.executors.orchestrator import (
     ChainOutcome,
     ChainSpec,
     EnginePool,

@@ -73,12 +73,14 @@ def test_check_output_dir_reports_an_unwritable_existing_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from presto_client.errors import ConfigError
-    from presto_client.orchestration.rundir import check_output_dir
+    from presto_client.orchestration.run_dir.rundir import check_output_dir
 
     def refuse(*args: object, **kwargs: object) -> object:
         raise PermissionError(13, "Permission denied")
 
     check_output_dir(tmp_path / "new")  # creatable: fine
-    monkeypatch.setattr("presto_client.orchestration.rundir.tempfile.NamedTemporaryFile", refuse)
+    monkeypatch.setattr(
+        "presto_client.orchestration.run_dir.rundir.tempfile.NamedTemporaryFile", refuse
+    )
     with pytest.raises(ConfigError, match="cannot write"):
         check_output_dir(tmp_path)

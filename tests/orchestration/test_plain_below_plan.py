@@ -10,15 +10,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BELOW_THE_PLAN = ("job.py", "engines.py", "orchestrator.py", "rundir.py")
+BELOW_THE_PLAN = (
+    "job.py",
+    "engines/opening.py",
+    "executors/orchestrator.py",
+    "run_dir/rundir.py",
+)
 # The modules that define or read the config's models (the plan's makers).
 CONFIG_SIDE = (
     "pydantic",
-    "presto_client.orchestration.config",
-    "presto_client.orchestration.engine_config",
-    "presto_client.orchestration.loading",
-    "presto_client.orchestration.grading",
-    "presto_client.orchestration.plan",
+    "presto_client.orchestration.config.schema",
+    "presto_client.orchestration.config.engine_config",
+    "presto_client.orchestration.config.loading",
+    "presto_client.orchestration.results.grading",
+    "presto_client.orchestration.planning.plan",
 )
 
 
@@ -50,9 +55,11 @@ def test_no_config_model_below_the_plan(module: str) -> None:
 def test_the_check_sees_a_refused_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(
-        "def f():\n    from presto_client.orchestration import config\n    import pydantic\n",
+        "def f():\n"
+        "    from presto_client.orchestration.config import schema\n"
+        "    import pydantic\n",
         encoding="utf-8",
     )
-    assert {"presto_client.orchestration.config", "pydantic"} <= {
+    assert {"presto_client.orchestration.config.schema", "pydantic"} <= {
         n for n in _imported(sample) if _refused(n)
     }

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from presto_client.cli import main
-from presto_client.orchestration.rundir import RunDir
+from presto_client.orchestration.run_dir.rundir import RunDir
 from presto_client.reporting.plots import excerpt, prompt_labels, write_plots
 from tests.support.emulation import EmulationServer
 

@@ -24,10 +24,10 @@ from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
+from presto_client.orchestration.config.loading import load_job_config
+from presto_client.orchestration.executors.orchestrator import ChainOutcome, ChainSpec
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import load_job_config
-from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec
-from presto_client.orchestration.predictor_fit import (
+from presto_client.orchestration.results.predictor_fit import (
     PredictorFitError,
     classify,
     decisions_of,
@@ -36,7 +36,7 @@ from presto_client.orchestration.predictor_fit import (
     predictor_log_loss,
     read_decisions,
 )
-from presto_client.orchestration.rundir import RunDir
+from presto_client.orchestration.run_dir.rundir import RunDir
 from tests.support import exact_law as exact
 from tests.support.plans import plan_of
 

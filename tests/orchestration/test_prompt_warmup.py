@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.orchestration.orchestrator import ChainSpec, EnginePool, Orchestrator
+from presto_client.orchestration.executors.orchestrator import ChainSpec, EnginePool, Orchestrator
 
 CONFIG = SamplerConfig(block_size=8, steps_per_block=4)
 

@@ -15,12 +15,16 @@ from test_orchestrator import MemorySink, specs
 
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import EngineUnavailableError
-from presto_client.orchestration.loading import load_prompts
-from presto_client.orchestration.orchestrator import ChainOutcome, ChainSpec, JobFailedError
-from presto_client.orchestration.plan import make_plan
-from presto_client.orchestration.planned import ExecutorSettings, JobSettings
-from presto_client.orchestration.ray_executor import RayExecutor, RaySession
-from presto_client.orchestration.ray_worker import ChainReport
+from presto_client.orchestration.config.loading import load_prompts
+from presto_client.orchestration.executors.orchestrator import (
+    ChainOutcome,
+    ChainSpec,
+    JobFailedError,
+)
+from presto_client.orchestration.executors.ray_executor import RayExecutor, RaySession
+from presto_client.orchestration.executors.ray_worker import ChainReport
+from presto_client.orchestration.planning.plan import make_plan
+from presto_client.orchestration.planning.planned import ExecutorSettings, JobSettings
 
 
 class ActorDied(Exception):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from presto_client.cli import main
-from presto_client.orchestration.rundir import RunDir
-from presto_client.orchestration.summary import summarize
+from presto_client.orchestration.results.summary import summarize
+from presto_client.orchestration.run_dir.rundir import RunDir
 from presto_client.reporting.plots import cumulative_curves, write_plots
 
 ROOT = Path(__file__).resolve().parents[2]

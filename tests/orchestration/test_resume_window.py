@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from presto_client.cli import main
-from presto_client.orchestration.rundir import fingerprint_conflicts
+from presto_client.orchestration.run_dir.rundir import fingerprint_conflicts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 from orch_helpers import job_dict
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.loading import redacted_dump, validate_job_config
+from presto_client.orchestration.config.loading import redacted_dump, validate_job_config
 from tests.support.plans import plan_of
 
 

@@ -27,10 +27,10 @@ from orch_helpers import CountingEngine, make_config, reference_engine, wait_unt
 from presto_client.child_servers.lifecycle import ChildServer
 from presto_client.child_servers.ports import HOST
 from presto_client.child_servers.process import health_ok
+from presto_client.orchestration.engines.server_watch import ServerFailedError, ServerWatch
+from presto_client.orchestration.executors.orchestrator import JobFailedError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.orchestrator import JobFailedError
-from presto_client.orchestration.rundir import read_jsonl
-from presto_client.orchestration.server_watch import ServerFailedError, ServerWatch
+from presto_client.orchestration.run_dir.rundir import read_jsonl
 from tests.support.plans import plan_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")

@@ -20,10 +20,10 @@ from presto_client.core.speculation import (
     SpeculationBudget,
 )
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import ReferenceEngineConfig
-from presto_client.orchestration.engines import OpenedEngine
-from presto_client.orchestration.loading import validate_job_config
-from presto_client.orchestration.orchestrator import ChainSpec, EnginePool, Orchestrator
+from presto_client.orchestration.config.loading import validate_job_config
+from presto_client.orchestration.config.schema import ReferenceEngineConfig
+from presto_client.orchestration.engines.opening import OpenedEngine
+from presto_client.orchestration.executors.orchestrator import ChainSpec, EnginePool, Orchestrator
 
 CONFIG = SamplerConfig(block_size=8, steps_per_block=6)
 

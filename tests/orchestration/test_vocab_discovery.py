@@ -1,6 +1,6 @@
 """A served engine's vocabulary size, asked of its server before any chain runs
-(``orchestration/vocab_discovery.py``): recorded in ``run.json``, checked against the config's
-``vocab_size`` and against a resumed run's, used to refuse token-id prompts outside it, and
+(``orchestration/engines/vocab_discovery.py``): recorded in ``run.json``, checked against the
+config's ``vocab_size`` and against a resumed run's, used to refuse token-id prompts outside it, and
 applied to every answer: a hostile server whose answers hold ids past the vocabulary it states
 fails its chains naming the check (no sample of it is stored "ok")."""
 
@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from presto_client.errors import ConfigError
+from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.loading import load_job_config
-from presto_client.orchestration.rundir import read_jsonl
+from presto_client.orchestration.run_dir.rundir import read_jsonl
 from tests.support.plans import plan_of
 
 emulation = pytest.importorskip("tests.support.emulation")

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.loading import load_job_config
+from presto_client.orchestration.config.loading import load_job_config
+from presto_client.orchestration.config.schema import JobConfig
 from presto_client.serve.app import ServeOptions
 from presto_client.serve.lifecycle import RunningService, start_service
 

@@ -16,8 +16,8 @@ import pytest
 from serve_helpers import reference_job, write_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration import executor_config
-from presto_client.orchestration.loading import validate_job_config
+from presto_client.orchestration.config import executor_config
+from presto_client.orchestration.config.loading import validate_job_config
 from presto_client.serve.command import run_serve
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 from serve_helpers import ServiceThread, load, reference_job, write_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.serve_config import ServeLimits
+from presto_client.orchestration.config.serve_config import ServeLimits
 from presto_client.serve.app import ServeOptions
 from presto_client.serve.mapping import blocks_for, check_config_within
 

@@ -1,6 +1,7 @@
 """The plan of a job as plain frozen data: everything the layers below the plan read.
 
-:func:`~presto_client.orchestration.plan.make_plan` resolves a validated job config (pydantic)
+:func:`~presto_client.orchestration.planning.plan.make_plan` resolves a validated job config
+(pydantic)
 into these objects; the engines' opening, the job's run, the orchestrator and the run directory
 see only them, never the config's models. An engine kind says how its replicas are opened by
 handing the plan a :class:`ReplicaOpener` (a plain object of its own). A chain's key for a

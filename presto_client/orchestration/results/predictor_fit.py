@@ -35,7 +35,7 @@ from presto_client.core.predictor import (
     CertaintyPredictor,
 )
 from presto_client.errors import ConfigError
-from presto_client.orchestration.rundir import RunDir, finished_ok
+from presto_client.orchestration.run_dir.rundir import RunDir, finished_ok
 
 CLASS_NAMES = ("accept", "reject", "uncertain")
 """The classes in the predictor's order (:data:`CLASS_ACCEPT`, ...)."""

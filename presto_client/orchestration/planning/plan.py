@@ -6,7 +6,7 @@ seed: ``sequential`` and ``crn`` then replay the same chain, and speedups compar
 Chains are ordered prompt by prompt and chain by chain with the arms interleaved (rotating which
 arm goes first), so machine drift hits all arms alike. The fingerprint is what a resumed run must
 agree on. The plan does no file I/O: the prompts are handed to it (the faces read them,
-:func:`~presto_client.orchestration.loading.load_prompts`), and what is finished in a run
+:func:`~presto_client.orchestration.config.loading.load_prompts`), and what is finished in a run
 directory is the run directory's answer (:meth:`RunDir.finished_chains`).
 """
 
@@ -24,9 +24,9 @@ from presto_client.core.methods import arm_traversal_names
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config import JobConfig
-from presto_client.orchestration.loading import redacted_dump
-from presto_client.orchestration.planned import (
+from presto_client.orchestration.config.loading import redacted_dump
+from presto_client.orchestration.config.schema import JobConfig
+from presto_client.orchestration.planning.planned import (
     Arm,
     JobPlan,
     JobSettings,
@@ -34,8 +34,11 @@ from presto_client.orchestration.planned import (
     PlannedEngine,
     Prompt,
 )
-from presto_client.orchestration.predictor_file import load_predictor, predictor_fingerprint
-from presto_client.orchestration.prompt_rows import dataset_fingerprint
+from presto_client.orchestration.planning.predictor_file import (
+    load_predictor,
+    predictor_fingerprint,
+)
+from presto_client.orchestration.prompts.prompt_rows import dataset_fingerprint
 
 __all__ = ["Arm", "JobPlan", "PlannedChain", "describe_plan", "make_plan"]
 

@@ -3,9 +3,10 @@
 An executor takes the job's chain specs and its sinks and runs every chain, reporting each
 finished chain (its rounds, then its outcome) to the sinks in the driver's process, the one writer
 of the run directory. ``local`` runs them in this process with one
-:class:`~presto_client.orchestration.orchestrator.Orchestrator` (rounds reported as they come);
-``ray`` (:mod:`presto_client.orchestration.ray_executor`) shards them over Ray actors, each an
-orchestrator of its own, and reports each chain whole when it finishes.
+:class:`~presto_client.orchestration.executors.orchestrator.Orchestrator` (rounds reported as they
+come);
+``ray`` (:mod:`presto_client.orchestration.executors.ray_executor`) shards them over Ray actors,
+each an orchestrator of its own, and reports each chain whole when it finishes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.orchestrator import (
+from presto_client.orchestration.executors.orchestrator import (
     ChainOutcome,
     ChainSink,
     ChainSpec,
@@ -23,7 +24,7 @@ from presto_client.orchestration.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.planned import JobPlan, JobSettings
+from presto_client.orchestration.planning.planned import JobPlan, JobSettings
 
 
 class ChainExecutor(Protocol):
@@ -86,7 +87,7 @@ async def open_executor(
             "executor.kind ray opens every engine in its workers from the job's config; "
             "engine_overrides (replicas made in this process) need executor.kind local"
         )
-    from presto_client.orchestration.ray_executor import RayExecutor, RaySession
+    from presto_client.orchestration.executors.ray_executor import RayExecutor, RaySession
 
     session = await RaySession.connect(settings)
     stack.callback(session.close)

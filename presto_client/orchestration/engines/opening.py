@@ -1,7 +1,7 @@
 """A job's engines, opened: every replica of every engine, probed, identified, checked.
 
-Each engine of the plan (:class:`~presto_client.orchestration.planned.PlannedEngine`) opens its
-replicas through its own opener: an HTTP engine through the backends' registry
+Each engine of the plan (:class:`~presto_client.orchestration.planning.planned.PlannedEngine`) opens
+its replicas through its own opener: an HTTP engine through the backends' registry
 (:func:`backends.create_engine`), the embedded engine as a vLLM-dialect server on loopback and
 a managed llama.cpp as its llama-server (both started here first, by
 :mod:`presto_client.child_servers`), the reference engine as the
@@ -29,8 +29,8 @@ from presto_client.core.engine_protocol import (
 )
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
-from presto_client.orchestration.eos_discovery import discover_eos_token_id
-from presto_client.orchestration.planned import JobPlan, PlannedEngine, ServerToStart
+from presto_client.orchestration.engines.eos_discovery import discover_eos_token_id
+from presto_client.orchestration.planning.planned import JobPlan, PlannedEngine, ServerToStart
 from presto_client.terminal_text import server_text
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class OpenedEngine:
 
     It owns the speculation budget of each replica (one server, one cost curve), which every
     chain on that replica shares: made here, handed to the chains through the orchestrator's
-    :class:`~presto_client.orchestration.orchestrator.EnginePool`.
+    :class:`~presto_client.orchestration.executors.orchestrator.EnginePool`.
     """
 
     name: str
@@ -88,7 +88,7 @@ def start_embedded_servers(
     """Start the server of every engine that asks for one (the embedded engine, a managed
     llama.cpp: :mod:`presto_client.child_servers`); stopped when ``stack`` closes. Returns
     engine name → base URL; ``started`` receives engine name → its server (for a
-    :class:`~presto_client.orchestration.server_watch.ServerWatch`)."""
+    :class:`~presto_client.orchestration.engines.server_watch.ServerWatch`)."""
     urls: dict[str, str] = {}
     for e in plan.engines.values():
         if e.server is None or (only is not None and e.name not in only):

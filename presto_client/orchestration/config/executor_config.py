@@ -2,8 +2,8 @@
 
 ``executor: {kind: local}`` (the default) runs every chain in the job's own asyncio process;
 ``executor: {kind: ray, workers: N, address: null}`` shards the chains over ``N`` Ray actors
-(:mod:`presto_client.orchestration.ray_executor`), each an asyncio orchestrator of its own.
-``address: null`` starts a local Ray instance of ``N`` CPUs; ``auto`` joins the cluster this
+(:mod:`presto_client.orchestration.executors.ray_executor`), each an asyncio orchestrator of its
+own. ``address: null`` starts a local Ray instance of ``N`` CPUs; ``auto`` joins the cluster this
 machine belongs to (``ray start``, or ``RAY_ADDRESS``); ``ray://HOST:PORT`` joins one through the
 Ray client, ``HOST:PORT`` through its GCS. The executor never changes a chain (the same seeds, the
 same replicas, the same tokens): it is no part of the run directory's fingerprint.
@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from presto_client.orchestration.engine_config import StrictModel
-from presto_client.orchestration.planned import ExecutorSettings
+from presto_client.orchestration.config.engine_config import StrictModel
+from presto_client.orchestration.planning.planned import ExecutorSettings
 
 RAY_EXTRA_HINT = "install the extra: pip install 'presto-client[ray]'"
 DEFAULT_RAY_WORKERS = 2

@@ -14,9 +14,9 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from presto_client.orchestration.eval_stats import accuracy, mcnemar, mean_pass_at_k
-from presto_client.orchestration.grading import GraderFn, build_grader
-from presto_client.orchestration.planned import GraderSpec
+from presto_client.orchestration.planning.planned import GraderSpec
+from presto_client.orchestration.results.eval_stats import accuracy, mcnemar, mean_pass_at_k
+from presto_client.orchestration.results.grading import GraderFn, build_grader
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The job config's ``prompts.dataset`` and ``prompts.choices``: where a job's rows come from (a
 Hugging Face dataset, or a local file or saved dataset) and how a multiple-choice row's options
-are shown. Reading the rows: :mod:`presto_client.orchestration.dataset_loader`; turning them
-into prompts (templates, choices, chat messages, shuffle): :mod:`.prompt_rows`.
+are shown. Reading the rows: :mod:`presto_client.orchestration.prompts.dataset_loader`; turning them
+into prompts (templates, choices, chat messages, shuffle):
+:mod:`presto_client.orchestration.prompts.prompt_rows`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from presto_client.orchestration.engine_config import StrictModel
+from presto_client.orchestration.config.engine_config import StrictModel
 
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".csv")
 """The local file formats the loader reads (a directory is a saved Hugging Face dataset)."""

@@ -217,8 +217,9 @@ class EnginePool:
     """An engine (one or more replicas), its bound on in-flight requests, and the speculation
     budget of each replica (shared by the chains on it: one server, one cost curve).
 
-    ``budgets`` come from whoever opened the engine (:class:`~presto_client.orchestration.engines.
-    OpenedEngine`); left empty, the orchestrator makes one per replica, sized from the bounds.
+    ``budgets`` come from whoever opened the engine
+    (:class:`~presto_client.orchestration.engines.opening.OpenedEngine`); left empty, the
+    orchestrator makes one per replica, sized from the bounds.
     """
 
     name: str

@@ -1,6 +1,7 @@
 """The job configuration's schema: pydantic models of a job, turned into plain objects.
 
-The engines' classes are in :mod:`presto_client.orchestration.engine_config` (re-exported here).
+The engines' classes are in :mod:`presto_client.orchestration.config.engine_config` (re-exported
+here).
 A job is: one or more **engines** (servers to talk to, or the in-process reference model, or the
 embedded CPU server), a list of **prompts**, one **sampler** with one or more **traversals**
 (each engine × traversal is an *arm*), ``chains_per_prompt`` chains per prompt and arm, a root
@@ -8,7 +9,8 @@ embedded CPU server), a list of **prompts**, one **sampler** with one or more **
 come from their registries, never restated here.
 
 Reading a YAML file, ``--set`` overrides and error messages with field paths:
-:mod:`presto_client.orchestration.loading` and :mod:`presto_client.orchestration.overrides`.
+:mod:`presto_client.orchestration.config.loading` and
+:mod:`presto_client.orchestration.config.overrides`.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from presto_client.core.kernels import SAMPLER_KERNELS, sampler_names, sampler_s
 from presto_client.core.methods import arm_traversal_names, get_method
 from presto_client.core.sample_baselines import DEFAULT_SAMPLES
 from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
-from presto_client.orchestration.dataset_config import ChoicesConfig, DatasetConfig
-from presto_client.orchestration.engine_config import (
+from presto_client.orchestration.config.dataset_config import ChoicesConfig, DatasetConfig
+from presto_client.orchestration.config.engine_config import (
     ENGINE_TAGS,
     EmbeddedEngineConfig,
     EngineConfigBase,
@@ -44,11 +46,11 @@ from presto_client.orchestration.engine_config import (
     on_engine_kind_registered,
     register_engine_kind,
 )
-from presto_client.orchestration.executor_config import ExecutorConfig
-from presto_client.orchestration.grading import GraderConfig
-from presto_client.orchestration.llamacpp_engine import ManagedLlamaCppConfig
-from presto_client.orchestration.planned import Prompt
-from presto_client.orchestration.serve_config import ServeConfig, ServeLimits
+from presto_client.orchestration.config.executor_config import ExecutorConfig
+from presto_client.orchestration.config.llamacpp_engine import ManagedLlamaCppConfig
+from presto_client.orchestration.config.serve_config import ServeConfig, ServeLimits
+from presto_client.orchestration.planning.planned import Prompt
+from presto_client.orchestration.results.grading import GraderConfig
 
 EngineConfig = engine_config_type()
 """An engine entry of a job config (every registered kind, the managed llama.cpp included)."""
@@ -532,7 +534,7 @@ class JobConfig(StrictModel):
     @model_validator(mode="after")
     def _executor_fits(self) -> JobConfig:
         """Each Ray worker holds at least one slot of every bound it shares (the workers'
-        shares add up to the bound: ``orchestration/shares.py``)."""
+        shares add up to the bound: ``orchestration/executors/shares.py``)."""
         if self.executor.kind != "ray":
             return self
         workers = self.executor.to_settings().workers

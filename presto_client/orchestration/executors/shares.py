@@ -8,8 +8,8 @@ in flight to an engine than its ``max_concurrency``, nor more speculative sequen
 than one process would; a bound smaller than ``N`` is refused (a worker with no slot could run
 nothing). Chains are dealt round robin in plan order (chain ``i`` to worker ``i mod N``), so
 every worker gets the same mix of prompts and arms; a chain's replica is still chosen from its
-replica key (:meth:`~presto_client.orchestration.orchestrator.EnginePool.replica_for`), the same
-in every worker, so a chain lands on the replica it would use in one process.
+replica key (:meth:`~presto_client.orchestration.executors.orchestrator.EnginePool.replica_for`),
+the same in every worker, so a chain lands on the replica it would use in one process.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def worker_shares(
 ) -> list[WorkerShare]:
     """The share of each of ``workers`` workers; a replica's speculation capacity is the bound
     its requests run under in one process (``min(engine, job)``, as
-    :meth:`~presto_client.orchestration.engines.OpenedEngine.of` sizes it)."""
+    :meth:`~presto_client.orchestration.engines.opening.OpenedEngine.of` sizes it)."""
     job = split(max_concurrency, workers, what="max_concurrency")
     active = (
         split(max_active_chains, workers, what="max_active_chains")

@@ -4,7 +4,8 @@ The driver (the ``presto run`` process) plans as always, opens its own engines f
 does once (probe, identity, tokenizing, prefix-cache counters) and writes the run directory;
 the chains run in ``executor.workers`` Ray actors (:class:`~presto_client.orchestration.
 ray_worker.ChainWorker`), each an asyncio orchestrator with its own HTTP pools and its share of
-every bound (:mod:`presto_client.orchestration.shares`). Each actor streams its finished chains
+every bound (:mod:`presto_client.orchestration.executors.shares`). Each actor streams its finished
+chains
 back (a Ray streaming generator of batches); the driver drops a chain it has already (by chain
 id), reports the others to its sinks (the run directory, the progress bar) and counts failures
 against the job's budget. A worker that dies (its actor is lost) has its unfinished chains dealt
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.errors import ConfigError, EngineUnavailableError, PrestoError
-from presto_client.orchestration.executor_config import RAY_EXTRA_HINT
-from presto_client.orchestration.orchestrator import (
+from presto_client.orchestration.config.executor_config import RAY_EXTRA_HINT
+from presto_client.orchestration.executors.orchestrator import (
     ChainOutcome,
     ChainSink,
     ChainSpec,
@@ -42,13 +43,13 @@ from presto_client.orchestration.orchestrator import (
     failure_budget_error,
     replay_chain,
 )
-from presto_client.orchestration.planned import ExecutorSettings, JobPlan, JobSettings
-from presto_client.orchestration.ray_output import RayOutput
-from presto_client.orchestration.ray_reaper import MARK_VAR
-from presto_client.orchestration.ray_reaper import start as start_reaper
-from presto_client.orchestration.ray_reaper import stop as stop_reaper
-from presto_client.orchestration.ray_worker import ChainReport, ChainWorker
-from presto_client.orchestration.shares import deal, worker_shares
+from presto_client.orchestration.executors.ray_output import RayOutput
+from presto_client.orchestration.executors.ray_reaper import MARK_VAR
+from presto_client.orchestration.executors.ray_reaper import start as start_reaper
+from presto_client.orchestration.executors.ray_reaper import stop as stop_reaper
+from presto_client.orchestration.executors.ray_worker import ChainReport, ChainWorker
+from presto_client.orchestration.executors.shares import deal, worker_shares
+from presto_client.orchestration.planning.planned import ExecutorSettings, JobPlan, JobSettings
 
 logger = logging.getLogger(__name__)
 

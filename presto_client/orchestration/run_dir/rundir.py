@@ -36,7 +36,7 @@ from typing import IO, Any
 import yaml
 
 from presto_client.errors import ConfigError, PrestoError
-from presto_client.orchestration.run_files import (
+from presto_client.orchestration.run_dir.run_files import (
     AppendFile,
     RunDirWriteError,
     atomic_write_text,

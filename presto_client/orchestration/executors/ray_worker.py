@@ -3,8 +3,8 @@
 A plain class (Ray is imported by the driver only, which makes it an actor with ``ray.remote``):
 it opens its own replicas of the job's engines (its own HTTP pools), probes them from its node,
 and runs the chains it is handed under its share of the job's bounds
-(:class:`~presto_client.orchestration.shares.WorkerShare`). It writes nothing: each finished
-chain goes back to the driver whole, as the orchestrator's own objects (the outcome and the
+(:class:`~presto_client.orchestration.executors.shares.WorkerShare`). It writes nothing: each
+finished chain goes back to the driver whole, as the orchestrator's own objects (the outcome and the
 chain's rounds), so a chain of a worker that dies leaves no trace and is rerun elsewhere.
 The failure budget is the driver's: a failed chain is reported like a finished one.
 """
@@ -25,17 +25,17 @@ from typing import Any
 
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
-from presto_client.orchestration.engines import OpenedEngine, probe_engine
-from presto_client.orchestration.orchestrator import (
+from presto_client.orchestration.engines.opening import OpenedEngine, probe_engine
+from presto_client.orchestration.engines.vocab_discovery import resolve_engine_vocab
+from presto_client.orchestration.executors.orchestrator import (
     ChainOutcome,
     ChainSpec,
     EnginePool,
     Orchestrator,
 )
-from presto_client.orchestration.planned import PlannedEngine
-from presto_client.orchestration.prompt_tokens import decode
-from presto_client.orchestration.shares import WorkerShare
-from presto_client.orchestration.vocab_discovery import resolve_engine_vocab
+from presto_client.orchestration.executors.shares import WorkerShare
+from presto_client.orchestration.planning.planned import PlannedEngine
+from presto_client.orchestration.prompts.prompt_tokens import decode
 
 logger = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.dataset_config import LETTERS, ChoicesConfig
-from presto_client.orchestration.dataset_loader import LoadedRows, fields_of
-from presto_client.orchestration.planned import Prompt, PromptOrigin
+from presto_client.orchestration.config.dataset_config import LETTERS, ChoicesConfig
+from presto_client.orchestration.planning.planned import Prompt, PromptOrigin
+from presto_client.orchestration.prompts.dataset_loader import LoadedRows, fields_of
 
 if TYPE_CHECKING:
-    from presto_client.orchestration.config import PromptsConfig
+    from presto_client.orchestration.config.schema import PromptsConfig
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 CHAT_ROLES = ("system", "user", "assistant")

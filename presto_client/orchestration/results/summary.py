@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from presto_client.core.methods import METHODS, SEQUENTIAL, replaying_names, traversal_names
-from presto_client.orchestration.rundir import RunDir, latest_by_chain
+from presto_client.orchestration.run_dir.rundir import RunDir, latest_by_chain
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ def summarize(
         "equivalence_pooled": pooled.tests(),
     }
     # Graded runs only: summaries of ungraded runs are unchanged.
-    from presto_client.orchestration.quality import quality_summary
+    from presto_client.orchestration.results.quality import quality_summary
 
     quality = quality_summary(latest.values(), baseline=baseline)
     if quality:

@@ -44,12 +44,12 @@ from presto_client.backends.registry import (
 )
 from presto_client.backends.spec import EngineSpec
 from presto_client.core.speculation import DEFAULT_TOLERANCE
-from presto_client.orchestration.engine_openers import (
+from presto_client.orchestration.engines.engine_openers import (
     HttpOpener,
     ReferenceOpener,
     StartedServerOpener,
 )
-from presto_client.orchestration.planned import (
+from presto_client.orchestration.planning.planned import (
     EmbeddedServer,
     PlannedEngine,
     ReplicaOpener,
@@ -513,7 +513,7 @@ def register_engine_kind(cls: E) -> E:
     if not (isinstance(cls, type) and issubclass(cls, EngineConfigBase)):
         raise ValueError(
             f"{cls!r} is not an engine config class (subclass "
-            "presto_client.orchestration.engine_config.EngineConfigBase)"
+            "presto_client.orchestration.config.engine_config.EngineConfigBase)"
         )
     kind = _declared_kind(cls)
     if not kind or any(c in kind for c in "/\\ \t\n,"):

@@ -1,6 +1,6 @@
 """The files of a run directory, one at a time: atomic writes, whole-line JSONL appends, tolerant
-JSONL reads, and the grouping of their rows by chain (presto_client.orchestration.rundir owns the
-directory: which files, the lock, resume)."""
+JSONL reads, and the grouping of their rows by chain (presto_client.orchestration.run_dir.rundir
+owns the directory: which files, the lock, resume)."""
 
 from __future__ import annotations
 

@@ -23,13 +23,13 @@ from pydantic import (
 )
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration import input_files
-from presto_client.orchestration.config import ENGINE_TAGS, JobConfig, Prompt, engine_kinds
-from presto_client.orchestration.dataset_config import DatasetConfig
-from presto_client.orchestration.dataset_loader import load_rows
-from presto_client.orchestration.input_files import load_yaml, read_text_file
-from presto_client.orchestration.overrides import apply_override, format_loc, parse_path
-from presto_client.orchestration.prompt_rows import rows_to_prompts
+from presto_client.orchestration.config.dataset_config import DatasetConfig
+from presto_client.orchestration.config.overrides import apply_override, format_loc, parse_path
+from presto_client.orchestration.config.schema import ENGINE_TAGS, JobConfig, Prompt, engine_kinds
+from presto_client.orchestration.prompts import input_files
+from presto_client.orchestration.prompts.dataset_loader import load_rows
+from presto_client.orchestration.prompts.input_files import load_yaml, read_text_file
+from presto_client.orchestration.prompts.prompt_rows import rows_to_prompts
 from presto_client.urls import redact_url
 
 
@@ -232,7 +232,7 @@ def load_job_data(
 def load_prompts(cfg: JobConfig, *, network: bool = True) -> list[Prompt]:
     """The job's prompts, in order (a file or dataset is read here; errors name the file and
     line, or the dataset and row). ``network=False``: a Hugging Face dataset is not loaded
-    (:class:`~presto_client.orchestration.dataset_loader.DatasetNotLoaded`)."""
+    (:class:`~presto_client.orchestration.prompts.dataset_loader.DatasetNotLoaded`)."""
     pc = cfg.prompts
     prompts: list[Prompt] = []
     if pc.token_ids is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from presto_client.orchestration.engine_config import StrictModel
+from presto_client.orchestration.config.engine_config import StrictModel
 
 
 class ServeLimits(StrictModel):

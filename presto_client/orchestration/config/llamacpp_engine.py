@@ -22,13 +22,13 @@ from presto_client.child_servers.llamacpp import (
     DEFAULT_STARTUP_TIMEOUT_S as LLAMACPP_STARTUP_TIMEOUT_S,
 )
 from presto_client.child_servers.llamacpp import MODEL as LLAMACPP_MODEL
-from presto_client.orchestration.engine_config import (
+from presto_client.orchestration.config.engine_config import (
     EngineConfigBase,
     HttpEngineConfig,
     register_engine_kind,
 )
-from presto_client.orchestration.engine_openers import StartedServerOpener
-from presto_client.orchestration.planned import LlamaCppServer
+from presto_client.orchestration.engines.engine_openers import StartedServerOpener
+from presto_client.orchestration.planning.planned import LlamaCppServer
 
 
 class ManagedLlamaCppConfig(EngineConfigBase):

@@ -1,0 +1,1 @@
+"""The run directory (:mod:`.rundir`) and its files, one at a time (:mod:`.run_files`)."""
