@@ -109,14 +109,27 @@ def virtual_time() -> Iterator[Callable[[Any], Any]]:
 
 class CostCurveEngine:
     """The reference model served at a fixed cost: every token of a request takes
-    ``a + b·n`` seconds with ``n`` sequences in flight, after a first-token latency."""
+    ``a + b·n`` seconds with ``n`` sequences in flight, after a first-token latency ``first``;
+    the first token comes alone, the rest in chunks of ``interval`` tokens (a server's stream
+    interval). ``model``/``top_k``: the reference model served and its top-K (the defaults:
+    this demo's)."""
 
     def __init__(
-        self, a: float, b: float, first: float, *, name: str, max_concurrency: int
+        self,
+        a: float,
+        b: float,
+        first: float,
+        *,
+        name: str,
+        max_concurrency: int,
+        model: ReferenceModel | None = None,
+        top_k: int | None = None,
+        interval: int = 1,
     ) -> None:
-        self.inner = ReferenceEngine(ReferenceModel(VOCAB_SIZE, seed=5), name=name)
+        model = ReferenceModel(VOCAB_SIZE, seed=5) if model is None else model
+        self.inner = ReferenceEngine(model, top_k=top_k, name=name)
         self.name = name
-        self.a, self.b, self.first = a, b, first
+        self.a, self.b, self.first, self.interval = a, b, first, interval
         self._max_concurrency = max_concurrency
         self.active = 0
 
@@ -128,9 +141,12 @@ class CostCurveEngine:
         self.active += 1
         try:
             await asyncio.sleep(self.first)
-            for i in range(len(whole)):
-                await asyncio.sleep(self.a + self.b * self.active)
-                yield whole.slice(i, i + 1)
+            i, j = 0, 1
+            while i < len(whole):
+                for _ in range(j - i):
+                    await asyncio.sleep(self.a + self.b * self.active)
+                yield whole.slice(i, j)
+                i, j = j, min(j + self.interval, len(whole))
         finally:
             self.active -= 1
 

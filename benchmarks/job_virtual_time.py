@@ -18,78 +18,15 @@ To compare with an older commit, run the same command from a worktree of it
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from benchmarks.bench_stream import make_prompts, sampler_config
-from benchmarks.budget_replay import virtual_time
+from benchmarks.budget_replay import CostCurveEngine, virtual_time
 from benchmarks.fast_model import EosHazard, WindowedReferenceModel
-from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
-from presto_client.core.reference import ReferenceEngine
 from presto_client.core.runners import chain_budget, run_chain
-
-
-class CurveEngine:
-    """Reference model behind ``a + b·n`` per token (n: sequences in flight), chunks of
-    ``interval`` tokens, a first-token latency of one step plus prefill."""
-
-    def __init__(
-        self,
-        model: WindowedReferenceModel,
-        a: float,
-        b: float,
-        interval: int,
-        max_concurrency: int,
-        top_k: int = 20,
-    ) -> None:
-        self.inner = ReferenceEngine(model, top_k=top_k, name="sim")
-        self.name = "sim"
-        self.a, self.b, self.interval = a, b, interval
-        self._max_concurrency = max_concurrency
-        self.active = 0
-
-    @property
-    def max_concurrency(self) -> int:
-        return self._max_concurrency
-
-    async def _served(self, whole: ScoredTokens) -> AsyncIterator[ScoredTokens]:
-        self.active += 1
-        try:
-            await asyncio.sleep(self.a + self.b * self.active)
-            yield whole.slice(0, 1)
-            i = 1
-            while i < len(whole):
-                j = min(i + self.interval, len(whole))
-                for _ in range(j - i):
-                    await asyncio.sleep(self.a + self.b * self.active)
-                yield whole.slice(i, j)
-                i = j
-        finally:
-            self.active -= 1
-
-    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
-        async def one(r: ProposalRequest) -> ScoredTokens:
-            (whole,) = await self.inner.generate([r])
-            async for _ in self._served(whole):
-                pass
-            return whole
-
-        return list(await asyncio.gather(*(one(r) for r in requests)))
-
-    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
-        (whole,) = await self.inner.generate([request])
-        async for chunk in self._served(whole):
-            yield chunk
-
-    async def score(self, requests: Sequence[Any]) -> list[Any]:
-        return await self.inner.score(requests)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def main() -> None:
@@ -127,7 +64,17 @@ def main() -> None:
             seed = 1000 * pi
             ref: dict[str, Any] | None = None
             for label, trav, size in arms:
-                engine = CurveEngine(model, args.a, args.b, args.interval, args.max_concurrency)
+                # the first token after one step, then chunks of --interval tokens
+                engine = CostCurveEngine(
+                    args.a,
+                    args.b,
+                    0.0,
+                    name="sim",
+                    max_concurrency=args.max_concurrency,
+                    model=model,
+                    top_k=20,
+                    interval=args.interval,
+                )
                 budget = chain_budget(engine)
                 budget.tolerance = args.tolerance
                 t0 = time.perf_counter()
