@@ -235,9 +235,9 @@ class Adapter:
 
     Required: :attr:`traits`, :meth:`build_generate`, :meth:`parse_generate` and, when
     ``traits.streaming``, :meth:`parse_stream_event`. Optional overrides with defaults:
-    :attr:`semantics` (a dialect with a scaled mode), :meth:`parse_stream_events` (speed),
-    :meth:`parse_models`, the ``hint_for_*`` messages. Optional parts (``None``: absent):
-    :attr:`scoring`, :attr:`slots`, :attr:`repairs`, :attr:`tokenizer`.
+    :attr:`semantics` (a dialect with a scaled mode), :meth:`parse_stream_events` and
+    :meth:`stream_choice` (speed), :meth:`parse_models`, the ``hint_for_*`` messages. Optional
+    parts (``None``: absent): :attr:`scoring`, :attr:`slots`, :attr:`repairs`, :attr:`tokenizer`.
     """
 
     traits: ClassVar[DialectTraits] = DialectTraits("")
@@ -327,6 +327,14 @@ class Adapter:
                 continue
             out = chunk if out is None else out.concat(chunk)
         return out
+
+    def stream_choice(self, events: Sequence[Any]) -> dict[str, Any] | None:
+        """The tokens of consecutive stream events as one choice of the completions shape
+        (``token_ids``, ``logprobs.token_logprobs``, ``logprobs.top_logprobs`` keyed
+        ``token_id:N``), for scoring many streams' chunks in one pass
+        (:mod:`backends.stream_scoring`); ``None`` (the default): not this shape, or unusual,
+        and :meth:`parse_stream_events` parses the chunk alone."""
+        return None
 
     def parse_models(self, body: Any) -> ParsedModels:
         """Served model names from the models endpoint."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -40,9 +40,10 @@ from presto_client.backends.parsing import TokenLogprobs, check_token_ids
 from presto_client.backends.pool import RequestHeaders
 from presto_client.backends.slots import SlotPlan
 from presto_client.backends.spec import EngineSpec
+from presto_client.backends.stream_scoring import StreamScorer
 from presto_client.backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
-from presto_client.core.engine_protocol import IntArray, ProposalRequest, ScoredTokens
+from presto_client.core.engine_protocol import IntArray, ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.scoring import scored_from_raw
 from presto_client.errors import EngineError, EngineUnavailableError, InvalidResponseError
 
@@ -131,6 +132,8 @@ class Generation:
         # Only a dialect whose streams can stop at an EOS or leave a token out pays for
         # watching them (the count and the stop of each batch, the chunks kept).
         self._watch = adapter.traits.stream_reports_progress and self._fixes is not None
+        self.scorer = StreamScorer(spec.top_k, spec.vocab_size)
+        """Streamed chunks scored together (its counts: how many a pass took)."""
 
     async def slot_plan(self) -> SlotPlan | None:
         """The placement of requests on the server's slots (read once), where the dialect
@@ -181,7 +184,9 @@ class Generation:
         def scored(chunk: TokenLogprobs) -> ScoredTokens:
             return scored_from_raw(chunk, scores, vocab)
 
-        return self._fill(request, proposal_label(request), headers, scored, stream=True)
+        return self._fill(
+            request, proposal_label(request), headers, scored, stream=True, scores=scores
+        )
 
     # ---- the one loop
 
@@ -193,9 +198,12 @@ class Generation:
         out: Callable[[TokenLogprobs], Out],
         *,
         stream: bool,
+        scores: ScoreSpec | None = None,
     ) -> AsyncGenerator[Out, None]:
         """The tokens of ``request`` as they come, part by part (the module's protocol), each
-        chunk handed out as ``out(chunk)``.
+        chunk handed out as ``out(chunk)`` (streamed chunks with ``scores``: scored with the
+        other streams' chunks of the same loop turn, where the dialect allows,
+        :mod:`backends.stream_scoring`; ``out`` is then ``scored_from_raw`` with ``scores``).
 
         A streamed part is received here, not in a generator of its own: its loop runs once
         per network read, the client's hottest path, and every generator level costs there.
@@ -204,6 +212,8 @@ class Generation:
         plan = self._slot_plan if self._slots_read else await self.slot_plan()
         adapter, vocab, watch = self.adapter, self.spec.vocab_size, self._watch
         fixes = self._fixes
+        # Chunks scored together need none of the watch's per-chunk records.
+        scorer = self.scorer if scores is not None and not watch else None
         received: list[TokenLogprobs] = []  # the chunks kept: a continuation's prefix
         total = 0
         part = request
@@ -234,17 +244,30 @@ class Generation:
                 )
                 try:
                     async for batch in events:
-                        chunk = adapter.parse_stream_events(part, batch, label=label)
-                        n = 0 if chunk is None else len(chunk)
-                        if watch and fixes is not None:
-                            stop = fixes.stream_stop(batch) or stop
-                            generated = fixes.stream_generated(batch)
-                            if generated is not None and generated > taken + n:
-                                gap = True
-                                break
-                        if chunk is None or n == 0:
-                            continue
-                        check_token_ids(chunk, vocab, label=label, engine=self.name)
+                        ready: Out | None = None
+                        if scorer is not None and scores is not None:
+                            choice = adapter.stream_choice(batch)
+                            if choice is not None:
+                                if not choice["token_ids"]:
+                                    continue
+                                ready = cast(Out | None, await scorer.score(choice, scores))
+                        if ready is None:
+                            chunk = adapter.parse_stream_events(part, batch, label=label)
+                            n = 0 if chunk is None else len(chunk)
+                            if watch and fixes is not None:
+                                stop = fixes.stream_stop(batch) or stop
+                                generated = fixes.stream_generated(batch)
+                                if generated is not None and generated > taken + n:
+                                    gap = True
+                                    break
+                            if chunk is None or n == 0:
+                                continue
+                            check_token_ids(chunk, vocab, label=label, engine=self.name)
+                            if watch:
+                                received.append(chunk)
+                            ready = out(chunk)
+                        else:
+                            n = len(cast(ScoredTokens, ready))
                         taken += n
                         total += n
                         if total > request.num_tokens:
@@ -253,9 +276,7 @@ class Generation:
                                 f"{request.num_tokens} were requested",
                                 engine=self.name,
                             )
-                        if watch:
-                            received.append(chunk)
-                        yield out(chunk)
+                        yield ready
                 finally:
                     await events.aclose()
                     if plan is not None and slot is not None:

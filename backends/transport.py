@@ -431,17 +431,27 @@ class Transport:
         decoder = SSEDecoder()
         size = 0
         chunks = aiter(reply.chunks())
+        clock = asyncio.get_running_loop().time
+        # A read's silence is bounded by the pool's read timeout; a deadline further away
+        # than that is checked after each read (a trickle of bytes or keepalives), which
+        # costs a clock reading where a timeout context costs a timer per read.
+        silence = self._timeouts["request_timeout_s"]
         try:
             while True:
-                # The deadline is re-entered per read (never held across a yield: a timeout
-                # context left open there would cancel the consumer, not this read).
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    if deadline - clock() > silence:
                         chunk = await anext(chunks)
+                    else:
+                        # Re-entered per read (never held across a yield: a timeout context
+                        # left open there would cancel the consumer, not this read).
+                        async with asyncio.timeout_at(deadline):
+                            chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 except TimeoutError as exc:
                     raise self._past_deadline(label) from exc
+                if clock() >= deadline:
+                    raise self._past_deadline(label)
                 size += len(chunk)
                 if size > cap:
                     raise self._too_large(ResponseTooLarge(cap, size), label, "the stream")

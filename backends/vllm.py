@@ -192,6 +192,9 @@ class VllmAdapter(OneCallScoring, Adapter):
         # One event, or anything unusual: event by event (errors name the event's own rows).
         return super().parse_stream_events(request, events, label=label)
 
+    def stream_choice(self, events: Sequence[Any]) -> dict[str, Any] | None:
+        return _merge_stream_choices(events)
+
     # ---- scoring (raw prompt logprobs)
 
     def build_score(

@@ -113,6 +113,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
         stats = admin.get("/stats").json()  # noqa: ASYNC212 (idem)
+    scorer = getattr(engine.generation, "scorer", None)  # (absent before the batched scoring)
     await engine.aclose()
     cpu = cpu1 - cpu0
     wall = wall1 - wall0
@@ -131,6 +132,9 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_per_request_ms": 1e3 * cpu / max(requests, 1),
         "cpu_per_token_us": 1e6 * cpu / max(tokens, 1),
         "client_cpu_share": cpu / wall if wall else 0.0,
+        "chunks_per_scoring_pass": scorer.chunks / scorer.batches
+        if scorer is not None and scorer.batches
+        else None,
         "server_peak_running": stats.get("peak_running"),
         "server_mean_running": stats.get("mean_running"),
         "server_starved_share": stats.get("starved_share"),
@@ -144,7 +148,7 @@ async def _raw(engine: Any, request: Any, stream: bool) -> None:
 
     transport = engine.transport
     call = engine.adapter.build_generate(request, await engine.model(), label="", stream=stream)
-    pool, url, headers = transport._pool, transport._url + call.path, transport._json_headers
+    pool, url, headers = transport._pool, transport._url + call.path, transport.headers.json
     body = orjson.dumps(call.payload)
     if stream:
         reply = await pool.open("POST", url, body, headers)
@@ -154,10 +158,27 @@ async def _raw(engine: Any, request: Any, stream: bool) -> None:
         finally:
             await reply.aclose()
     else:
-        await pool.fetch("POST", url, body, headers)
+        await pool.fetch("POST", url, body, headers, max_bytes=1 << 30)
+
+
+def _load_backends_from(src: Path) -> None:
+    """``presto_client.backends`` from ``src/backends`` (the editable install maps that name to
+    this checkout's ``backends/``, whatever comes first on ``PYTHONPATH``)."""
+    import importlib.util
+
+    init = src / "backends" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        "presto_client.backends", init, submodule_search_locations=[str(init.parent)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["presto_client.backends"] = module
+    spec.loader.exec_module(module)
 
 
 def client_main(args: argparse.Namespace) -> None:
+    if args.before_src:
+        _load_backends_from(Path(args.before_src))
     if args.impl == "after-uvloop":
         import uvloop
 
@@ -286,6 +307,8 @@ def _run_client(
     ]
     if stream:
         cmd.append("--stream")
+    if impl == "before" and before_src is not None:
+        cmd += ["--before-src", str(before_src)]
     if args.cprofile:
         Path(args.cprofile).mkdir(parents=True, exist_ok=True)
         name = f"{impl}_C{c}_T{t}_{'stream' if stream else 'plain'}.prof"
@@ -321,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--C", type=int, default=10, help=argparse.SUPPRESS)
     p.add_argument("--requests-per-chain", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--before-src", default=None, help=argparse.SUPPRESS)
     return p
 
 

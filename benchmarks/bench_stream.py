@@ -39,14 +39,16 @@ import asyncio
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import httpx
 
@@ -59,6 +61,7 @@ from presto_client.reporting.tables import format_stream_waits
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_ARMS = ("sequential", "bfs", "predictive", "crn", "stream")
+T = TypeVar("T")
 
 
 @dataclass
@@ -95,10 +98,53 @@ class Block:
     server: dict[str, Any] = field(default_factory=dict)
     sampler: str = "power_mh"
     stop_at_eos: bool = True
+    client_cpu_s: float = 0.0
+    """This process's CPU over the block (the latency server runs in its own)."""
+    walk_cpu_s: float = 0.0
+    """Of which in the chains' own tasks (:class:`CpuMeter`): the walk apart from parsing."""
 
     def total(self, key: str) -> float:
         """Sum of a statistic over the chains that finished (failed ones have no stats)."""
         return float(sum(c["stats"][key] for c in self.chains if "stats" in c))
+
+
+class CpuMeter:
+    """CPU time (this thread's) spent inside the coroutines it meters, their awaits excluded:
+    a chain's own task (the walk, its policy, issuing and closing requests), not the tasks
+    that receive and parse its streams."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        return _Metered(coro, self)
+
+
+class _Metered(Generic[T]):
+    __slots__ = ("_coro", "_meter")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], meter: CpuMeter) -> None:
+        self._coro, self._meter = coro, meter
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro, meter = self._coro, self._meter
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            start = time.thread_time()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                meter.cpu_s += time.thread_time() - start
+                return cast(T, stop.value)
+            except BaseException:
+                meter.cpu_s += time.thread_time() - start
+                raise
+            meter.cpu_s += time.thread_time() - start
+            try:
+                value, error = (yield yielded), None
+            except BaseException as exc:  # (cancellation goes in, as the task sends it)
+                value, error = None, exc
 
 
 class LatencyServerProcess:
@@ -195,7 +241,7 @@ async def run_block(
         async def one(c: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             try:
-                result = await run_chain(
+                chain = run_chain(
                     engine,
                     prompt,
                     sampler,
@@ -204,6 +250,7 @@ async def run_block(
                     seed=seed + c,
                     budget=budget,
                 )
+                result = await walk.run(chain)
             except Exception as exc:  # one failed chain does not end the benchmark
                 print(f"chain {arm.name} prompt {prompt_index} seed {seed + c} failed: {exc!r}")
                 return {
@@ -214,12 +261,14 @@ async def run_block(
                 }
             return chain_record(result, seed + c, time.perf_counter() - t0)
 
-        t0 = time.perf_counter()
+        walk = CpuMeter()
+        t0, cpu0 = time.perf_counter(), _process_cpu_s()
         try:
             records = await asyncio.gather(*(one(c) for c in range(chains)))
         finally:
             await engine.aclose()
         wall = time.perf_counter() - t0
+        cpu = _process_cpu_s() - cpu0
         server = (await control.get("/stats")).json()
     return Block(
         arm.name,
@@ -231,7 +280,14 @@ async def run_block(
         server,
         sampler.sampler,
         arm.stop_at_eos,
+        client_cpu_s=cpu,
+        walk_cpu_s=walk.cpu_s,
     )
+
+
+def _process_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _med_range(values: list[float]) -> dict[str, float]:
@@ -325,6 +381,15 @@ def _row(
         "speedup_wall_pooled": pooled["ref_wall"] / max(pooled["wall"], 1e-9),
         "speedup_calls_pooled": pooled["ref_calls"] / max(pooled["calls"], 1e-9),
         "transitions_per_call": transitions / calls if calls else 0.0,
+        # The client's CPU per MH transition: all of it (transport, parsing, scoring, walk)
+        # and the walk's own (the chains' tasks, parsing apart).
+        "client_cpu_ms_per_transition": 1e3
+        * sum(b.client_cpu_s for b in mine)
+        / max(transitions, 1.0),
+        "walk_cpu_ms_per_transition": 1e3 * sum(b.walk_cpu_s for b in mine) / max(transitions, 1.0),
+        "client_cpu_us_per_token": 1e6
+        * sum(b.client_cpu_s for b in mine)
+        / max(sum(b.total("tokens_generated") for b in mine), 1.0),
         "tokens_vs_sequential": _med_range(tok_rel),
         "server_tokens_vs_sequential": _med_range(srv_rel),
         "tokens_per_chain": statistics.mean(
@@ -445,6 +510,25 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
         )
     waits = format_stream_waits(rows)
     return "\n".join(lines) + "\n" + (f"\n{waits}\n" if waits else "")
+
+
+def markdown_cpu(rows: list[dict[str, Any]]) -> str:
+    """The client's CPU per arm: per MH transition (all, and the walk's own) and per token."""
+    lines = [
+        "**The client's CPU** (this process; the latency server runs in its own)\n",
+        "| sampler | arm | chains | client CPU / transition | of which the walk's | "
+        "client CPU / generated token |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "walk_cpu_ms_per_transition" not in r:  # (a run saved before these were kept)
+            continue
+        lines.append(
+            f"| {r['sampler']} | {r['arm']} | {r['chains']} | "
+            f"{r['client_cpu_ms_per_transition']:.2f} ms | "
+            f"{r['walk_cpu_ms_per_transition']:.2f} ms | {r['client_cpu_us_per_token']:.1f} µs |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def markdown_stop(ratios: list[dict[str, Any]]) -> str:
@@ -803,6 +887,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         png = args.out / ("speedup.png" if len(samplers) == 1 else f"speedup_{name}.png")
         if plot(rows, png, title):
             plots.append(png)
+    tables.append(markdown_cpu(result["rows"]))
     ratios = markdown_stop(result["stop_ratios"])
     if ratios:
         tables.append(f"**Every block against stopping at EOS (same arm, seeds)**\n\n{ratios}")

@@ -354,9 +354,16 @@ def _result_footer(result: Any) -> str:
         parts.append(f"{result.skipped} already finished")
     if result.failed:
         parts.append(f"{result.failed} failed (see samples.jsonl)")
+    client = getattr(result, "client", None) or {}
+    load = (
+        f"client: peak memory {client['peak_rss_mb']:.0f} MB, event-loop lag p99 "
+        f"{client['loop_lag_p99_ms']:.0f} ms (max {client['loop_lag_max_ms']:.0f} ms)\n"
+        if client
+        else ""
+    )
     return (
         f"{', '.join(parts)} in {result.wall_s:.1f} s; run directory: {result.run_dir}\n"
-        f"plots: presto report {result.run_dir}"
+        f"{load}plots: presto report {result.run_dir}"
     )
 
 

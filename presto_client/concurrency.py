@@ -1,14 +1,17 @@
 """asyncio helpers shared by every layer that runs requests concurrently (backends, orchestration).
 
-One idea, one helper: run a batch, results in order, and the first failure fails the batch
-(:func:`gather_or_fail`).
+Run a batch, results in order, and the first failure fails the batch (:func:`gather_or_fail`);
+say how late the event loop runs what is due (:class:`LoopLag`: a client that falls behind its
+streams shows there first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from types import TracebackType
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -45,3 +48,50 @@ async def gather_or_fail(aws: Sequence[Awaitable[T]]) -> list[T]:
     if first is not None:
         raise first
     return [t.result() for t in tasks]
+
+
+class LoopLag:
+    """The event loop's lag while inside: every ``interval_s`` a timer is due, and how late it
+    runs is one sample (work that holds the loop: parsing, the walks, a blocking call).
+
+    ``async with LoopLag() as lag: ...`` then :meth:`report`.
+    """
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            # (the sampler's own cancellation is gathered; the caller's propagates)
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _sample(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            self.samples.append(max(loop.time() - due, 0.0))
+
+    def report(self) -> dict[str, Any]:
+        """Lag (ms): the largest and the 99th percentile of the samples; and this process's
+        peak resident memory (MB)."""
+        ordered = sorted(self.samples)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+        return {
+            "loop_lag_max_ms": 1e3 * (ordered[-1] if ordered else 0.0),
+            "loop_lag_p99_ms": 1e3 * p99,
+            "loop_lag_samples": len(ordered),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }

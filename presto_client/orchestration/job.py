@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.child_servers.lifecycle import ChildServer
+from presto_client.concurrency import LoopLag
 from presto_client.core.engine_protocol import Engine
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.stats import RoundRecord, TransitionRecord
@@ -183,6 +184,8 @@ class JobResult:
     wall_s: float
     workers: list[dict[str, Any]] = field(default_factory=list)
     """Each Ray worker's process: node, pid, chains, CPU seconds, peak RSS (executor ray)."""
+    client: dict[str, Any] = field(default_factory=dict)
+    """This process: its event loop's lag and peak memory (:meth:`LoopLag.report`)."""
 
 
 async def _tokenized_prompts(
@@ -274,6 +277,7 @@ async def run_job_async(
     start = time.perf_counter()
     started: list[Any] = []
     async with contextlib.AsyncExitStack() as executors:
+        lag = await executors.enter_async_context(LoopLag())
         executor = await open_executor(
             plan,
             executors,
@@ -326,7 +330,19 @@ async def run_job_async(
         failed=len(result.failed),
         wall_s=time.perf_counter() - start,
         workers=[w for ex in started for w in ex.worker_stats],
+        client=_client_report(lag),
     )
+
+
+def _client_report(lag: LoopLag) -> dict[str, Any]:
+    report = lag.report()
+    logger.info(
+        "client: event-loop lag p99 %.1f ms, max %.1f ms; peak memory %.0f MB",
+        report["loop_lag_p99_ms"],
+        report["loop_lag_max_ms"],
+        report["peak_rss_mb"],
+    )
+    return report
 
 
 def _resume_note(run: RunDir) -> str:

@@ -174,6 +174,37 @@ def test_topk_from_flat_matches_topk_rows() -> None:
     assert topk_from_flat(np.array([3, 3]), np.array([-1.0, -1.0]), np.array([2]), 2) is None
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_topk_from_flat_keeps_rows_already_in_order_as_the_sort_would(seed: int) -> None:
+    """Rows a server sends sorted (decreasing logprob, ties by increasing id) skip the sort;
+    rows with a tie in the other order, or one pair out of order, take it: both as
+    :func:`topk_rows` orders them."""
+    rng = np.random.default_rng(seed)
+    n, width = 30, 6
+    rows = []
+    for i in range(n):
+        ids = rng.choice(50, size=width, replace=False)
+        lps = np.round(np.sort(np.log(rng.random(width)))[::-1], 1)  # rounding makes ties
+        order = np.lexsort((ids, -lps))
+        ids, lps = ids[order], lps[order]
+        if i % 5 == 1:  # a tie in decreasing id order
+            lps[1] = lps[0]
+            ids[0], ids[1] = max(ids[0], ids[1]), min(ids[0], ids[1])
+        if i % 7 == 2:  # one pair out of order
+            ids[[2, 3]], lps[[2, 3]] = ids[[3, 2]], lps[[3, 2]]
+        rows.append(list(zip(ids.tolist(), lps.tolist(), strict=True)))
+    for subset in (rows, [r for i, r in enumerate(rows) if i % 5 != 1 and i % 7 != 2]):
+        flat_ids = np.array([t for r in subset for t, _ in r], dtype=np.int64)
+        flat_lps = np.array([v for r in subset for _, v in r], dtype=np.float64)
+        lengths = np.full(len(subset), width, dtype=np.int64)
+        for k in (width, width - 2):
+            got = topk_from_flat(flat_ids, flat_lps, lengths, k)
+            assert got is not None
+            want = topk_rows(subset, k, label="p")
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_sglang_fast_triples_and_rows_match_per_token() -> None:
     rng = random.Random(5)
     entries = [[round(math.log(rng.random()), 5), rng.randrange(100), None] for _ in range(9)]

@@ -1,0 +1,186 @@
+"""Streamed chunks scored together (:mod:`backends.stream_scoring`): bit for bit what each
+chunk gives scored alone, and a bad chunk's error still its own stream's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from backend_helpers import make_engine
+
+from presto_client.backends import EngineSpec, create_engine
+from presto_client.backends.completions import fast_completion_logprobs
+from presto_client.backends.stream_scoring import StreamScorer
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreSpec
+from presto_client.core.scoring import scored_from_raw
+from presto_client.errors import InvalidResponseError
+from tests.support.emulation import EmulationServer
+from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
+
+K = 5
+VOCAB = 40
+
+
+def _choice(rng: random.Random, n: int) -> dict[str, Any]:
+    """``n`` tokens in vLLM's stream shape: rows sorted or not, with or without the sampled
+    token as an extra entry (rows of K or K + 1 entries), ties in either order."""
+    ids, values, rows = [], [], []
+    for _ in range(n):
+        tokens = rng.sample(range(VOCAB), K + 1)
+        lps = [round(math.log(rng.random() + 1e-9), 1) for _ in tokens]
+        if rng.random() < 0.5:
+            pairs = sorted(zip(tokens, lps, strict=True), key=lambda p: (-p[1], p[0]))
+            tokens, lps = [t for t, _ in pairs], [v for _, v in pairs]
+        sampled = rng.randrange(len(tokens))
+        width = K + 1 if rng.random() < 0.3 else K
+        if sampled >= width:
+            sampled = 0
+        ids.append(tokens[sampled])
+        values.append(lps[sampled])
+        rows.append({f"token_id:{t}": v for t, v in zip(tokens[:width], lps[:width], strict=True)})
+    return {"token_ids": ids, "logprobs": {"token_logprobs": values, "top_logprobs": rows}}
+
+
+def _alone(choice: dict[str, Any], scores: ScoreSpec) -> ScoredTokens:
+    raw = fast_completion_logprobs(choice, K, expect=None)
+    assert raw is not None
+    return scored_from_raw(raw, scores, VOCAB)
+
+
+def _assert_identical(got: ScoredTokens, want: ScoredTokens) -> None:
+    for name in ("token_ids", "logp0", "logq_lo", "logq_hi"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    if want.entropy is None:
+        assert got.entropy is None
+    else:
+        assert got.entropy is not None
+        np.testing.assert_array_equal(got.entropy, want.entropy)
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_chunks_scored_together_are_bit_identical_to_chunks_scored_alone(seed: int) -> None:
+    rng = random.Random(seed)
+    specs = [ScoreSpec((0.25, 1.0)), ScoreSpec((0.5,), entropy=True), ScoreSpec((2.0, 0.25))]
+    chunks = [(_choice(rng, rng.randint(1, 8)), rng.choice(specs)) for _ in range(40)]
+    scorer = StreamScorer(K, VOCAB)
+    futures = [scorer.score(choice, scores) for choice, scores in chunks]
+    results = await asyncio.gather(*futures)
+    # One pass per score spec: every chunk submitted in this turn was scored in it.
+    assert scorer.batches == len({scores for _, scores in chunks})
+    assert scorer.chunks == len(chunks)
+    for (choice, scores), got in zip(chunks, results, strict=True):
+        assert got is not None
+        _assert_identical(got, _alone(choice, scores))
+
+
+async def test_a_batch_with_an_unusual_chunk_hands_every_chunk_back_unscored() -> None:
+    rng = random.Random(7)
+    good = [_choice(rng, 3) for _ in range(3)]
+    bad = _choice(rng, 2)
+    bad["logprobs"]["token_logprobs"][1] = math.nan
+    scorer = StreamScorer(K, VOCAB)
+    scores = ScoreSpec((0.25,))
+    results = await asyncio.gather(*[scorer.score(c, scores) for c in [*good, bad]])
+    assert results == [None] * 4  # each stream then parses its own chunk alone
+    # A cancelled consumer's chunk is left out of the pass; the others are scored.
+    again = [scorer.score(c, scores) for c in good]
+    again[1].cancel()
+    done = await asyncio.gather(again[0], again[2])
+    for choice, got in zip([good[0], good[2]], done, strict=True):
+        assert got is not None
+        _assert_identical(got, _alone(choice, scores))
+
+
+# ---- through the engine: many streams at once
+
+
+def _sse(events: list[dict[str, Any]]) -> Answer:
+    chunks = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+    return Answer(200, headers={"Content-Type": "text/event-stream"}, chunks=chunks)
+
+
+def _server(choices: dict[int, dict[str, Any]]) -> MemoryPool:
+    """Streams each request's tokens (chosen by its seed) one event per token."""
+
+    def handle(sent: Sent) -> Answer:
+        if sent.path == "/v1/models":
+            return json_answer(200, {"data": [{"id": "m"}]})
+        choice = choices[json.loads(sent.body)["seed"]]
+        lp = choice["logprobs"]
+        events = [
+            {
+                "choices": [
+                    {
+                        "token_ids": [t],
+                        "logprobs": {"token_logprobs": [v], "top_logprobs": [row]},
+                    }
+                ]
+            }
+            for t, v, row in zip(
+                choice["token_ids"], lp["token_logprobs"], lp["top_logprobs"], strict=True
+            )
+        ]
+        return _sse(events)
+
+    return MemoryPool(handle)
+
+
+async def test_concurrent_streams_score_as_alone_and_a_bad_one_fails_alone() -> None:
+    rng = random.Random(11)
+    n = 6
+    choices = {seed: _choice(rng, n) for seed in range(1, 9)}
+    choices[5]["logprobs"]["token_logprobs"][3] = math.nan
+    spec = EngineSpec("vllm", ("http://x",), top_k=K, vocab_size=VOCAB, max_retries=0)
+    engine = create_engine(spec, pool=_server(choices))
+    scores = ScoreSpec((0.25, 1.0))
+
+    async def stream(seed: int) -> ScoredTokens:
+        request = ProposalRequest((1, 2), n, 0.25, seed, scores)
+        got = [chunk async for chunk in engine.stream(request)]
+        out = got[0]
+        for chunk in got[1:]:
+            out = out.concat(chunk)
+        return out
+
+    try:
+        results = await asyncio.gather(*[stream(s) for s in choices], return_exceptions=True)
+    finally:
+        await engine.aclose()
+    for seed, got in zip(choices, results, strict=True):
+        if seed == 5:
+            assert isinstance(got, InvalidResponseError) and "NaN" in str(got)
+            assert "seed=5" in str(got)
+            continue
+        assert isinstance(got, ScoredTokens)
+        _assert_identical(got, _alone(choices[seed], scores))
+    assert engine.generation.scorer.chunks > engine.generation.scorer.batches  # batched
+
+
+async def test_streams_at_once_equal_their_whole_proposals_bit_for_bit(
+    vllm_raw: EmulationServer,
+) -> None:
+    """Against the emulation server over real HTTP: eight streams at once, each chunk scored
+    with the others', give every score exactly as the unstreamed proposal does."""
+    engine = make_engine("vllm", vllm_raw.base_url, top_k=8, vocab_size=64)
+    scores = ScoreSpec((0.25, 0.5, 1.0), entropy=True)
+    requests = [ProposalRequest((1, 2, 3, 4, 5), 12, 0.25, 40 + i, scores) for i in range(8)]
+
+    async def streamed(request: ProposalRequest) -> ScoredTokens:
+        got = [chunk async for chunk in engine.stream(request)]
+        out = got[0]
+        for chunk in got[1:]:
+            out = out.concat(chunk)
+        return out
+
+    try:
+        together = await asyncio.gather(*[streamed(r) for r in requests])
+        whole = await engine.generate(requests)
+    finally:
+        await engine.aclose()
+    for got, want in zip(together, whole, strict=True):
+        _assert_identical(got, want)
