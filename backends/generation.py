@@ -132,7 +132,7 @@ class Generation:
         # Only a dialect whose streams can stop at an EOS or leave a token out pays for
         # watching them (the count and the stop of each batch, the chunks kept).
         self._watch = adapter.traits.stream_reports_progress and self._fixes is not None
-        self.scorer = StreamScorer(spec.top_k, spec.vocab_size)
+        self.scorer = StreamScorer(spec.top_k)
         """Streamed chunks scored together (its counts: how many a pass took)."""
 
     async def slot_plan(self) -> SlotPlan | None:
@@ -227,21 +227,8 @@ class Generation:
                 taken, may_continue, gap = len(answer), True, False
             else:
                 taken, stop, gap = 0, None, False
-                call = adapter.build_generate(part, model, label=label, stream=True)
-                slot = plan.take(part.prefix) if plan is not None else None
-                if slot is not None:
-                    call = self._on_slot(call, slot)
+                events, slot = self._open_part(part, model, label, headers, plan)
                 first = len(received)
-                # Events arrive in batches (those completed by one network read), parsed and
-                # scored as one chunk: when the client falls behind, its costs per chunk are
-                # shared.
-                events = self.transport.stream_event_batches(
-                    call.path,
-                    call.payload,
-                    label=label,
-                    max_bytes=answer_cap(self.spec, part.num_tokens),
-                    headers=headers,
-                )
                 try:
                     async for batch in events:
                         ready: Out | None = None
@@ -250,7 +237,7 @@ class Generation:
                             if choice is not None:
                                 if not choice["token_ids"]:
                                     continue
-                                ready = cast(Out | None, await scorer.score(choice, scores))
+                                ready = cast(Out | None, await scorer.score(choice, scores, vocab))
                         if ready is None:
                             chunk = adapter.parse_stream_events(part, batch, label=label)
                             n = 0 if chunk is None else len(chunk)
@@ -295,6 +282,30 @@ class Generation:
             if following is None:
                 raise self._short(request, total, label, stream=stream)
             part = following
+
+    def _open_part(
+        self,
+        part: ProposalRequest,
+        model: str,
+        label: str,
+        headers: RequestHeaders | None,
+        plan: SlotPlan | None,
+    ) -> tuple[AsyncGenerator[list[Any], None], int | None]:
+        """A streamed part's events, placed on a slot (and the slot, to give back)."""
+        call = self.adapter.build_generate(part, model, label=label, stream=True)
+        slot = plan.take(part.prefix) if plan is not None else None
+        if slot is not None:
+            call = self._on_slot(call, slot)
+        # Events arrive in batches (those completed by one network read), parsed and scored as
+        # one chunk: when the client falls behind, its costs per chunk are shared.
+        events = self.transport.stream_event_batches(
+            call.path,
+            call.payload,
+            label=label,
+            max_bytes=answer_cap(self.spec, part.num_tokens),
+            headers=headers,
+        )
+        return events, slot
 
     def _short(
         self, request: ProposalRequest, total: int, label: str, *, stream: bool

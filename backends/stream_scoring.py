@@ -33,6 +33,7 @@ from presto_client.errors import ConfigError, InvalidResponseError
 class _Chunk:
     choice: dict[str, Any]
     scores: ScoreSpec
+    vocab_size: int | None
     future: asyncio.Future[ScoredTokens | None]
 
 
@@ -50,9 +51,8 @@ class StreamScorer:
     :data:`MAX_WAIT_S`, or at :data:`MAX_CHUNKS`.
     """
 
-    def __init__(self, top_k: int, vocab_size: int | None) -> None:
+    def __init__(self, top_k: int) -> None:
         self.top_k = top_k
-        self.vocab_size = vocab_size
         self._pending: list[_Chunk] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seen = 0
@@ -62,11 +62,12 @@ class StreamScorer:
         self.chunks = 0
 
     def score(
-        self, choice: dict[str, Any], scores: ScoreSpec
+        self, choice: dict[str, Any], scores: ScoreSpec, vocab_size: int | None
     ) -> asyncio.Future[ScoredTokens | None]:
         """The scores of ``choice`` (one chunk's rows in the completions shape: ``token_ids``,
-        ``logprobs.token_logprobs``, ``logprobs.top_logprobs``), at the loop's next turn;
-        ``None``: the batch held something unusual, parse and score this chunk alone."""
+        ``logprobs.token_logprobs``, ``logprobs.top_logprobs``), its ids checked against
+        ``vocab_size`` (the engine's as now known), at the loop's next turn; ``None``: the
+        batch held something unusual, parse and score this chunk alone."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[ScoredTokens | None] = loop.create_future()
         if not self._pending or self._loop is not loop:
@@ -76,7 +77,7 @@ class StreamScorer:
             self._seen = 0
             self._since = loop.time()
             loop.call_soon(self._flush)
-        self._pending.append(_Chunk(choice, scores, future))
+        self._pending.append(_Chunk(choice, scores, vocab_size, future))
         return future
 
     def _flush(self) -> None:
@@ -92,16 +93,18 @@ class StreamScorer:
             loop.call_soon(self._flush)
             return
         self._pending = []
-        groups: dict[ScoreSpec, list[_Chunk]] = {}
+        groups: dict[tuple[ScoreSpec, int | None], list[_Chunk]] = {}
         for chunk in pending:
             if not chunk.future.done():  # (a cancelled consumer)
-                groups.setdefault(chunk.scores, []).append(chunk)
-        for scores, chunks in groups.items():
-            results = self._scored(chunks, scores)
+                groups.setdefault((chunk.scores, chunk.vocab_size), []).append(chunk)
+        for (scores, vocab_size), chunks in groups.items():
+            results = self._scored(chunks, scores, vocab_size)
             for chunk, result in zip(chunks, results, strict=True):
                 chunk.future.set_result(result)
 
-    def _scored(self, chunks: list[_Chunk], scores: ScoreSpec) -> list[ScoredTokens | None]:
+    def _scored(
+        self, chunks: list[_Chunk], scores: ScoreSpec, vocab_size: int | None
+    ) -> list[ScoredTokens | None]:
         self.batches += 1
         self.chunks += len(chunks)
         if len(chunks) == 1:
@@ -123,8 +126,8 @@ class StreamScorer:
         if raw is None:
             return [None] * len(chunks)
         try:
-            check_token_ids(raw, self.vocab_size, label="")
-            scored = scored_from_raw(raw, scores, self.vocab_size)
+            check_token_ids(raw, vocab_size, label="")
+            scored = scored_from_raw(raw, scores, vocab_size)
         except (InvalidResponseError, ConfigError):
             return [None] * len(chunks)
         if len(chunks) == 1:

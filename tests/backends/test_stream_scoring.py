@@ -67,8 +67,8 @@ async def test_chunks_scored_together_are_bit_identical_to_chunks_scored_alone(s
     rng = random.Random(seed)
     specs = [ScoreSpec((0.25, 1.0)), ScoreSpec((0.5,), entropy=True), ScoreSpec((2.0, 0.25))]
     chunks = [(_choice(rng, rng.randint(1, 8)), rng.choice(specs)) for _ in range(40)]
-    scorer = StreamScorer(K, VOCAB)
-    futures = [scorer.score(choice, scores) for choice, scores in chunks]
+    scorer = StreamScorer(K)
+    futures = [scorer.score(choice, scores, VOCAB) for choice, scores in chunks]
     results = await asyncio.gather(*futures)
     # One pass per score spec: every chunk submitted in this turn was scored in it.
     assert scorer.batches == len({scores for _, scores in chunks})
@@ -83,12 +83,12 @@ async def test_a_batch_with_an_unusual_chunk_hands_every_chunk_back_unscored() -
     good = [_choice(rng, 3) for _ in range(3)]
     bad = _choice(rng, 2)
     bad["logprobs"]["token_logprobs"][1] = math.nan
-    scorer = StreamScorer(K, VOCAB)
+    scorer = StreamScorer(K)
     scores = ScoreSpec((0.25,))
-    results = await asyncio.gather(*[scorer.score(c, scores) for c in [*good, bad]])
+    results = await asyncio.gather(*[scorer.score(c, scores, VOCAB) for c in [*good, bad]])
     assert results == [None] * 4  # each stream then parses its own chunk alone
     # A cancelled consumer's chunk is left out of the pass; the others are scored.
-    again = [scorer.score(c, scores) for c in good]
+    again = [scorer.score(c, scores, VOCAB) for c in good]
     again[1].cancel()
     done = await asyncio.gather(again[0], again[2])
     for choice, got in zip([good[0], good[2]], done, strict=True):
@@ -130,11 +130,16 @@ def _server(choices: dict[int, dict[str, Any]]) -> MemoryPool:
     return MemoryPool(handle)
 
 
-async def test_concurrent_streams_score_as_alone_and_a_bad_one_fails_alone() -> None:
+async def test_concurrent_streams_score_as_alone_and_bad_ones_fail_alone() -> None:
     rng = random.Random(11)
     n = 6
     choices = {seed: _choice(rng, n) for seed in range(1, 9)}
     choices[5]["logprobs"]["token_logprobs"][3] = math.nan
+    past = choices[6]  # an id past the vocabulary (the sampled token and its row's entry)
+    token = past["token_ids"][2]
+    row = past["logprobs"]["top_logprobs"][2]
+    row[f"token_id:{VOCAB + 3}"] = row.pop(f"token_id:{token}")
+    past["token_ids"][2] = VOCAB + 3
     spec = EngineSpec("vllm", ("http://x",), top_k=K, vocab_size=VOCAB, max_retries=0)
     engine = create_engine(spec, pool=_server(choices))
     scores = ScoreSpec((0.25, 1.0))
@@ -155,6 +160,10 @@ async def test_concurrent_streams_score_as_alone_and_a_bad_one_fails_alone() -> 
         if seed == 5:
             assert isinstance(got, InvalidResponseError) and "NaN" in str(got)
             assert "seed=5" in str(got)
+            continue
+        if seed == 6:
+            assert isinstance(got, InvalidResponseError) and "seed=6" in str(got)
+            assert f"vocabulary of {VOCAB} tokens (the vocab_size check)" in str(got)
             continue
         assert isinstance(got, ScoredTokens)
         _assert_identical(got, _alone(choices[seed], scores))
