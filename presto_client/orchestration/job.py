@@ -445,8 +445,63 @@ async def _settle_identities(
     )
     for name, size in vocab.items():
         identities.setdefault(name, {})[VOCAB_IDENTITY_KEY] = size
+    _check_eos_ids(plan, discovered, {n: _vocab_of(n, engines, vocab) for n in engines})
     run.record_engine_identity(identities)
     return discovered, vocab
+
+
+def _vocab_of(
+    name: str, engines: Mapping[str, OpenedEngine], served: Mapping[str, int | None]
+) -> int | None:
+    """An engine's vocabulary size: its server's (``served``), else what its in-process model
+    or its spec states (through the wrappers that hold it as ``inner``)."""
+    if name in served:
+        return served[name]
+    replica = engines[name].replicas[0] if engines[name].replicas else None
+    while replica is not None:
+        for holder in (getattr(replica, "spec", None), getattr(replica, "model", None)):
+            size = getattr(holder, "vocab_size", None)
+            if isinstance(size, int) and not isinstance(size, bool):
+                return size
+        replica = getattr(replica, "inner", None)
+    return None
+
+
+def _check_eos_ids(
+    plan: JobPlan, discovered: Mapping[str, int | None], vocab: Mapping[str, int | None]
+) -> None:
+    """Each engine's EOS checked like every other token id: one outside the vocabulary is
+    never sampled, so the stop rule would silently never fire and every chain would run its
+    whole budget (:class:`ConfigError`); where the vocabulary is unknown, a warning."""
+    for name, sampler in plan.samplers.items():
+        if not sampler.stop_at_eos:
+            continue
+        given = sampler.eos_token_id is not None
+        eos = sampler.eos_token_id if given else discovered.get(name)
+        if eos is None:
+            continue
+        where = (
+            f"engines[{list(plan.engines).index(name)}].eos_token_id={eos}"
+            if given
+            else f"the EOS id {eos} the server's tokenizer named"
+        )
+        size = vocab.get(name)
+        fix = "give the id of the model's end-of-answer token as engines[].eos_token_id"
+        if eos < 0:
+            raise ConfigError(f"engine {name}: {where} is negative, not a token id; {fix}")
+        if size is not None and eos >= size:
+            raise ConfigError(
+                f"engine {name}: {where} is outside the model's vocabulary of {size} tokens: "
+                "it is never sampled, so the stop at EOS would never fire and every chain "
+                f"would run its whole budget; {fix} (or sampler.stop_at_eos: false)"
+            )
+        if size is None:
+            logger.warning(
+                "engine %s: %s cannot be checked (the vocabulary size is unknown: state it as "
+                "engines[].vocab_size); an id the model never samples turns the stop at EOS off",
+                name,
+                where,
+            )
 
 
 def _chain_specs(

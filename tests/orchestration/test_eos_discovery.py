@@ -13,15 +13,18 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
 from presto_client.backends import EngineSpec, create_engine
+from presto_client.core.settings import SamplerConfig
+from presto_client.errors import ConfigError
 from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.engines.eos_discovery import closing_token, discover_eos_token_id
-from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.job import _check_eos_ids, run_job_async
 from presto_client.orchestration.run_dir.rundir import read_jsonl
 from tests.support.plans import plan_of
 
@@ -144,3 +147,43 @@ async def test_a_resume_keeps_the_recorded_eos(tmp_path: Path, server: Any) -> N
             assert ids[-1] == EOT and EOT not in ids[:-1]
         else:
             assert EOT not in ids and len(ids) == BLOCK * BLOCKS
+
+
+# ---- an EOS id checked like every other token id (issue 48, item 1)
+
+
+@pytest.mark.parametrize("eos", [32, 100_000])
+async def test_an_eos_id_outside_the_vocabulary_is_refused_naming_it(
+    tmp_path: Path, server: Any, eos: int
+) -> None:
+    # Never sampled, it would turn the stop at EOS off: every chain would run its whole budget.
+    config = write(tmp_path, server.base_url, eos_token_id=eos)
+    with pytest.raises(ConfigError) as err:
+        await run_job_async(plan_of(load_job_config(config)))
+    message = str(err.value)
+    assert (
+        f"engines[0].eos_token_id={eos} is outside the model's vocabulary of 32 tokens" in message
+    )
+    assert "stop at EOS would never fire" in message
+    assert not (tmp_path / "run").exists()  # nothing ran, nothing kept
+
+
+async def test_a_negative_eos_id_is_refused(tmp_path: Path, server: Any) -> None:
+    with pytest.raises(ConfigError, match=r"eos_token_id=-1 is negative, not a token id"):
+        await run_job_async(
+            plan_of(load_job_config(write(tmp_path, server.base_url, eos_token_id=-1)))
+        )
+
+
+def test_an_eos_id_that_cannot_be_checked_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    # A server that cannot tell its vocabulary size (and no vocab_size stated): the id is
+    # taken, with one warning naming it and the field that would let it be checked.
+    sampler = SamplerConfig(eos_token_id=5)
+    plan = SimpleNamespace(samplers={"v": sampler}, engines={"v": None})
+    caplog.set_level(logging.WARNING)
+    _check_eos_ids(plan, {}, {"v": None})  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "engines[0].eos_token_id=5 cannot be checked" in said[0]
+    assert "engines[].vocab_size" in said[0]
+    _check_eos_ids(plan, {}, {"v": 6})  # type: ignore[arg-type]  # inside: nothing said
+    assert len(caplog.records) == 1
