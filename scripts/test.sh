@@ -2,7 +2,8 @@
 # The test command of presto-client: sets up everything from nothing, then runs every tier.
 #
 #   bash scripts/test.sh            # all tiers: fast, slow (statistical), embedded, real vLLM
-#   bash scripts/test.sh -m "not slow and not vllm and not embedded and not llamacpp"   # fast tier
+#   bash scripts/test.sh --fast     # the fast tier: the venv and the package (extra dev) only,
+#                                   # no engine set-up; the tiers that need one are deselected
 #
 # 1. a virtual environment .venv with the package and its extras (dev, plots, embedded, and
 #    grading + eval so that the math-verify graders and the lm-eval model are tested, not skipped,
@@ -20,10 +21,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The slowest tests are listed at the end of every run (where the time goes).
+durations=(--durations=25 --durations-min=1)
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv" >&2
   "$python" -m venv .venv
+fi
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  echo "== the fast tier: installing presto-client with extra dev (no engine set-up)" >&2
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+  exec .venv/bin/python -m pytest -rs "${durations[@]}" \
+    -m "not slow and not vllm and not embedded and not llamacpp and not gateway and not ray" "$@"
 fi
 echo "== installing presto-client with extras dev, plots, fit, embedded, grading, eval, datasets, ray" >&2
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
@@ -55,4 +65,4 @@ echo "== ruff check (lint) and ruff format --check" >&2
 
 echo "== running the tests" >&2
 # -rs: say which tests were skipped and why (a later -r given in "$@" replaces it).
-exec .venv/bin/python -m pytest -rs "$@"
+exec .venv/bin/python -m pytest -rs "${durations[@]}" "$@"
