@@ -152,7 +152,7 @@ class Probe:
                 raise
             raise ProbeError(  # the parsers are pure and do not know the engine's name
                 f"{self.base_url} gave the probe an unusable answer: {exc}. Check the server's "
-                "log (and that it runs in float32)",
+                "log (and its precision: bf16 with batch invariance on a GPU, float32 on a CPU)",
                 engine=self.name,
             ) from exc
         for warning in report.warnings:

@@ -71,7 +71,9 @@ def judge_semantics(
     elif report.max_abs_logprob_diff > SEMANTICS_DRIFT_WARN:
         report.warnings.append(
             f"returned logprobs differ from the scoring call by up to "
-            f"{report.max_abs_logprob_diff:.3g} nats: run the server in float32"
+            f"{report.max_abs_logprob_diff:.3g} nats: run the server batch-invariant (on a GPU, "
+            "vLLM with VLLM_BATCH_INVARIANT=1, SGLang with --enable-deterministic-inference; "
+            "on a CPU, float32)"
         )
 
 

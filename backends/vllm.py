@@ -114,9 +114,10 @@ class VllmAdapter(OneCallScoring, Adapter):
         streaming=True,
         max_top_k=20,  # --max-logprobs default
         start_hint=(
-            "start it with `python -m vllm.entrypoints.openai.api_server --model DIR --port PORT "
-            "--dtype float32`; or `bash scripts/vllm_cpu.sh start` for the CPU test server, which "
-            "serves on port 8765, not 8000 (configs/vllm_cpu.yaml points there; elsewhere add "
+            "start it with `VLLM_BATCH_INVARIANT=1 vllm serve DIR --port PORT --max-logprobs 20` "
+            "on a GPU (bf16, batch-invariant; `--dtype float32` instead on a CPU); or "
+            "`bash scripts/vllm_cpu.sh start` for the CPU test server, which serves on port "
+            "8765, not 8000 (configs/vllm_cpu.yaml points there; elsewhere add "
             "`--set engines[0].base_url=http://127.0.0.1:8765`)"
         ),
     )
