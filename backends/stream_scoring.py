@@ -26,7 +26,6 @@ from presto_client.backends.completions import fast_completion_logprobs
 from presto_client.backends.parsing import check_token_ids
 from presto_client.core.engine_protocol import ScoredTokens, ScoreSpec
 from presto_client.core.scoring import scored_from_raw
-from presto_client.errors import ConfigError, InvalidResponseError
 
 
 @dataclass(slots=True)
@@ -82,8 +81,8 @@ class StreamScorer:
 
     def _flush(self) -> None:
         pending, loop = self._pending, self._loop
-        if loop is None or not pending:
-            return
+        if loop is None or not pending or asyncio.get_running_loop() is not loop:
+            return  # (a flush left on a loop the scorer has since moved from)
         if (
             len(pending) > self._seen
             and len(pending) < MAX_CHUNKS
@@ -98,13 +97,18 @@ class StreamScorer:
             if not chunk.future.done():  # (a cancelled consumer)
                 groups.setdefault((chunk.scores, chunk.vocab_size), []).append(chunk)
         for (scores, vocab_size), chunks in groups.items():
-            results = self._scored(chunks, scores, vocab_size)
+            try:
+                results = self._scored(chunks, scores, vocab_size)
+            except Exception:  # anything unforeseen: each stream parses its own, and says it
+                results = [None] * len(chunks)
             for chunk, result in zip(chunks, results, strict=True):
                 chunk.future.set_result(result)
 
     def _scored(
         self, chunks: list[_Chunk], scores: ScoreSpec, vocab_size: int | None
     ) -> list[ScoredTokens | None]:
+        """The chunks' scores (``None`` each where the batch's rows are unusual); raises what
+        the checks raise (the caller hands the chunks back unscored)."""
         self.batches += 1
         self.chunks += len(chunks)
         if len(chunks) == 1:
@@ -125,11 +129,8 @@ class StreamScorer:
         raw = fast_completion_logprobs(choice, self.top_k, expect=None)
         if raw is None:
             return [None] * len(chunks)
-        try:
-            check_token_ids(raw, vocab_size, label="")
-            scored = scored_from_raw(raw, scores, vocab_size)
-        except (InvalidResponseError, ConfigError):
-            return [None] * len(chunks)
+        check_token_ids(raw, vocab_size, label="")
+        scored = scored_from_raw(raw, scores, vocab_size)
         if len(chunks) == 1:
             return [scored]
         out: list[ScoredTokens | None] = []

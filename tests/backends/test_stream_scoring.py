@@ -87,6 +87,13 @@ async def test_a_batch_with_an_unusual_chunk_hands_every_chunk_back_unscored() -
     scores = ScoreSpec((0.25,))
     results = await asyncio.gather(*[scorer.score(c, scores, VOCAB) for c in [*good, bad]])
     assert results == [None] * 4  # each stream then parses its own chunk alone
+    # Something unforeseen in a pass (here a chunk without its logprobs) hands the batch back
+    # too: no stream waits for a pass that failed.
+    broken = {"token_ids": [1]}
+    assert await asyncio.gather(*[scorer.score(c, scores, VOCAB) for c in [good[0], broken]]) == [
+        None,
+        None,
+    ]
     # A cancelled consumer's chunk is left out of the pass; the others are scored.
     again = [scorer.score(c, scores, VOCAB) for c in good]
     again[1].cancel()
