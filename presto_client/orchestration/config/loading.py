@@ -241,7 +241,9 @@ def load_prompts(cfg: JobConfig, *, network: bool = True) -> list[Prompt]:
         prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
     else:
         source = pc.dataset if pc.dataset is not None else DatasetConfig(path=pc.file)
-        prompts = rows_to_prompts(load_rows(source, network=network), pc)
+        # (unshuffled, a limit is the first rows: a file is read no further than them)
+        first = pc.limit if not pc.shuffle else None
+        prompts = rows_to_prompts(load_rows(source, network=network, first=first), pc)
     if pc.answers is not None:
         if len(pc.answers) != len(prompts):
             raise ConfigError(

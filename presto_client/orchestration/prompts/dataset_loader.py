@@ -45,12 +45,15 @@ class DatasetNotLoaded(ConfigError):
     (``presto validate``): it is loaded when the job runs."""
 
 
-def load_rows(dataset: DatasetConfig, *, network: bool = True) -> LoadedRows:
+def load_rows(
+    dataset: DatasetConfig, *, network: bool = True, first: int | None = None
+) -> LoadedRows:
     """The rows of ``dataset`` (a relative path is taken as given: the config loader resolves
     it against the config file). ``network=False``: a Hub dataset raises
-    :class:`DatasetNotLoaded` instead of loading (whether it is cached is in the message)."""
+    :class:`DatasetNotLoaded` instead of loading (whether it is cached is in the message).
+    ``first``: only the first rows are used (a JSONL file is then read no further)."""
     if dataset.path is not None:
-        return load_local(Path(dataset.path).expanduser(), split=dataset.split)
+        return load_local(Path(dataset.path).expanduser(), split=dataset.split, first=first)
     assert dataset.name is not None
     if not network:
         cached = hub_cached(dataset.name)
@@ -67,8 +70,9 @@ def load_rows(dataset: DatasetConfig, *, network: bool = True) -> LoadedRows:
 # --------------------------------------------------------------------------------------------
 
 
-def load_local(path: Path, *, split: str | None = None) -> LoadedRows:
-    """Rows of a local file (by its suffix) or of a saved dataset directory."""
+def load_local(path: Path, *, split: str | None = None, first: int | None = None) -> LoadedRows:
+    """Rows of a local file (by its suffix) or of a saved dataset directory; ``first``: of a
+    JSONL file, only the first rows are read (its other formats are read whole)."""
     identity = DatasetIdentity(path=str(path), split=split)
     if path.is_dir():
         return _load_saved(path, split, identity)
@@ -77,11 +81,13 @@ def load_local(path: Path, *, split: str | None = None) -> LoadedRows:
         raise ConfigError(f"{path}: a file has no splits; remove prompts.dataset.split")
     if suffix == ".parquet":
         return _load_parquet(path, identity)
+    jsonl = suffix not in (".csv", ".json")
     text = read_text_file(
         path,
         what="prompts file",
         max_bytes=MAX_PROMPTS_BYTES,
         missing_hint="; fix the path (relative paths are relative to the config file)",
+        rows=first if jsonl else None,
     )
     if suffix == ".csv":
         return _parse_csv(path, text, identity)

@@ -34,13 +34,17 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
-def read_text_file(path: Path, *, what: str, max_bytes: int, missing_hint: str = "") -> str:
+def read_text_file(
+    path: Path, *, what: str, max_bytes: int, missing_hint: str = "", rows: int | None = None
+) -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``.
 
     ``what`` names the file in errors ("config file", "prompts file"), ``missing_hint`` ends
     the error of a missing one. A device, a pipe or a
     directory is refused before it is read; the size is checked on the open file, and no more
     than ``max_bytes + 1`` bytes are ever read (a file growing meanwhile is refused too).
+    ``rows``: only the text up to the end of the ``rows``-th non-blank line is read (a JSONL
+    file's first rows: memory follows the rows used, not the file's size).
     """
     try:
         with path.open("rb") as fh:
@@ -50,12 +54,15 @@ def read_text_file(path: Path, *, what: str, max_bytes: int, missing_hint: str =
                     f"{path}: the {what} is not a regular file (a device, pipe or directory); "
                     "give the path of a file"
                 )
-            if st.st_size > max_bytes:
+            if rows is not None:
+                data = _first_lines(fh, rows, max_bytes)
+            elif st.st_size > max_bytes:
                 raise ConfigError(
                     f"{path}: the {what} is {_size(st.st_size)}, more than the limit of "
                     f"{_size(max_bytes)}"
                 )
-            data = fh.read(max_bytes + 1)
+            else:
+                data = fh.read(max_bytes + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such {what}{missing_hint}") from None
     except IsADirectoryError:
@@ -75,6 +82,32 @@ def read_text_file(path: Path, *, what: str, max_bytes: int, missing_hint: str =
             f"{path} (line {line}, column {column}): the {what} is not UTF-8 text (byte "
             f"0x{data[exc.start]:02x}); save it as UTF-8"
         ) from None
+
+
+_CHUNK = 1 << 20
+
+
+def _first_lines(fh: Any, rows: int, max_bytes: int) -> bytes:
+    """The bytes of ``fh`` up to the end of its ``rows``-th non-blank line (or all, if fewer),
+    read a chunk at a time and never more than ``max_bytes + 1``."""
+    data = bytearray()
+    seen = 0  # non-blank lines complete in data[:start]
+    start = 0
+    while len(data) <= max_bytes:
+        chunk = fh.read(min(_CHUNK, max_bytes + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            if data[start:end].strip():
+                seen += 1
+                if seen == rows:
+                    return bytes(data[: end + 1])
+            start = end + 1
+    return bytes(data)
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -1,0 +1,93 @@
+"""A prompts file is read no further than the rows a job uses (issue 48, item 2): with a limit
+and no shuffle, a JSONL file's first rows are read, so memory follows the rows used, not the
+file's size; with a shuffle the whole file is read (the sample needs every row), as before."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from presto_client.errors import ConfigError
+from presto_client.orchestration.config.loading import load_job_config, load_prompts
+from presto_client.orchestration.prompts.input_files import MAX_PROMPTS_BYTES, read_text_file
+
+ROWS = 100_000
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "big.jsonl"
+    with path.open("w") as fh:
+        fh.write("\n")  # a blank line is skipped, not counted
+        for i in range(ROWS):
+            fh.write(json.dumps({"question": f"What is {i} + {i}? " + "x" * 100, "answer": 2 * i}))
+            fh.write("\n")
+    return path
+
+
+def _config(tmp_path: Path, prompts: dict[str, Any]) -> Path:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [{"kind": "vllm", "name": "v", "base_url": "http://127.0.0.1:9"}],
+                "prompts": {"field": "question", "answer_field": "answer", **prompts},
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    return config
+
+
+def test_a_limit_reads_the_first_rows_only(tmp_path: Path, big: Path) -> None:
+    cfg = load_job_config(_config(tmp_path, {"file": str(big), "limit": 5}))
+    tracemalloc.start()
+    try:
+        prompts = load_prompts(cfg)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [p.text for p in prompts] == [f"What is {i} + {i}? " + "x" * 100 for i in range(5)]
+    assert [p.answer for p in prompts] == [str(2 * i) for i in range(5)]
+    # The file is ~13 MB; read whole, its text alone would be that much.
+    assert big.stat().st_size > 10 * (1 << 20)
+    assert peak < 4 * (1 << 20), peak
+
+
+def test_the_first_rows_are_those_a_whole_read_gives(tmp_path: Path, big: Path) -> None:
+    limited = load_prompts(load_job_config(_config(tmp_path, {"file": str(big), "limit": 7})))
+    whole = load_prompts(load_job_config(_config(tmp_path, {"file": str(big)})))
+    assert len(whole) == ROWS
+    assert [(p.text, p.answer, p.origin) for p in limited] == [
+        (p.text, p.answer, p.origin) for p in whole[:7]
+    ]
+
+
+def test_a_shuffled_sample_still_reads_every_row(tmp_path: Path, big: Path) -> None:
+    sample = load_prompts(
+        load_job_config(_config(tmp_path, {"file": str(big), "limit": 3, "shuffle": True}))
+    )
+    indices = [p.origin.row for p in sample if p.origin is not None]
+    assert len(indices) == 3 and max(indices) > 7  # drawn from the whole file
+
+
+def test_rows_past_the_limit_are_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"question": "a"}\n{"question": "b"}\nnot json\n')
+    prompts = load_prompts(load_job_config(_config(tmp_path, {"file": str(path), "limit": 2})))
+    assert [p.text for p in prompts] == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"p.jsonl:3: not valid JSON"):
+        load_prompts(load_job_config(_config(tmp_path, {"file": str(path)})))
+
+
+def test_a_first_row_past_the_size_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "one.jsonl"
+    path.write_bytes(b'{"question": "' + b"y" * 4000 + b'"}\n')
+    with pytest.raises(ConfigError, match="more than the limit"):
+        read_text_file(path, what="prompts file", max_bytes=1000, rows=1)
+    assert MAX_PROMPTS_BYTES == 1 << 30  # (the real limit: 1 GiB)
