@@ -479,6 +479,27 @@ def _fmt_range(r: dict[str, float]) -> str:
     return f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
 
 
+def markdown_compact(rows: list[dict[str, Any]], header: str) -> str:
+    """The table a reader needs first, within 100 columns (``markdown`` has every column)."""
+    lines = [
+        header,
+        "",
+        "| arm | end to end | pooled | model calls | trans/call | tokens vs seq | replays "
+        "| starved |",  # (replays "law": exact in law only, other chains of the same law)
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['arm']} | {_fmt_range(r['speedup_wall'])} "
+            f"| {r.get('speedup_wall_pooled', float('nan')):.2f}x "
+            f"| {_fmt_range(r['speedup_calls'])} | {r['transitions_per_call']:.2f} "
+            f"| {r['tokens_vs_sequential']['median']:.2f}x | {r['replays_sequential']}"
+            f"{'' if r.get('replaying', True) else ' law'} "
+            f"| {r['server_starved_share']:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: list[dict[str, Any]], header: str) -> str:
     lines = [
         header,
@@ -516,8 +537,7 @@ def markdown_cpu(rows: list[dict[str, Any]]) -> str:
     """The client's CPU per arm: per MH transition (all, and the walk's own) and per token."""
     lines = [
         "**The client's CPU** (this process; the latency server runs in its own)\n",
-        "| sampler | arm | chains | client CPU / transition | of which the walk's | "
-        "client CPU / generated token |",
+        "| sampler | arm | chains | CPU / transition | the walk's own | CPU / generated token |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -801,6 +821,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--server-url", default=None, help="use a running latency server")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_stream"))
     parser.add_argument(
+        "--wide", action="store_true", help="print every column (results.md has them anyway)"
+    )
+    parser.add_argument(
         "--resummarise",
         type=Path,
         default=None,
@@ -876,14 +899,15 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if eos is not None:
         shape += f", EOS median {args.eos_median:g}, stop at EOS {args.stop_at_eos}"
     samplers = args.sampler.split(",")
-    tables, plots = [], []
+    tables, plots, wide = [], [], []
     for name in samplers:
         title = (
             f"{args.profile} profile (time_scale {args.time_scale}), {name} alpha={args.alpha},"
             f" {shape}, {args.prompts} prompts x {args.chains} chains"
         )
         rows = [r for r in result["rows"] if r["sampler"] == name]
-        tables.append(markdown(rows, f"**{title}**"))
+        tables.append(markdown_compact(rows, f"**{title}**"))
+        wide.append(markdown(rows, f"**{title}** (every column)"))
         png = args.out / ("speedup.png" if len(samplers) == 1 else f"speedup_{name}.png")
         if plot(rows, png, title):
             plots.append(png)
@@ -892,10 +916,12 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if ratios:
         tables.append(f"**Every block against stopping at EOS (same arm, seeds)**\n\n{ratios}")
     table = "\n".join(tables)
+    details = "\n".join(wide)
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "results.md").write_text(table)
+    (args.out / "results.md").write_text(table + "\n" + details)
     print()
     print(table)
+    print(details if args.wide else f"(every column: {args.out / 'results.md'}, or --wide)")
     print(
         f"total {result['total_wall_s']:.0f} s; wrote {args.out / 'results.json'}, "
         f"{args.out / 'results.md'}" + "".join(f", {png}" for png in plots)
