@@ -27,6 +27,9 @@ from presto_client.errors import ConfigError
 from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.executors.orchestrator import ChainOutcome, ChainSpec
 from presto_client.orchestration.job import run_job_async
+
+pytest.importorskip("sklearn", reason="the predictor fit needs the extra 'fit' (scikit-learn)")
+
 from presto_client.orchestration.results.predictor_fit import (
     PredictorFitError,
     classify,
