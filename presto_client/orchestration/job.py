@@ -15,25 +15,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from presto_client.child_servers.lifecycle import ChildServer
-from presto_client.concurrency import LoopLag
+from presto_client.concurrency import LoopLag, fewer_gc_passes
 from presto_client.core.engine_protocol import Engine
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.stats import RoundRecord, TransitionRecord
 from presto_client.errors import ConfigError
 from presto_client.orchestration.engines.eos_discovery import (
     EOS_IDENTITY_KEY,
+    check_eos_ids,
     resolve_eos_token_ids,
+    vocab_of,
 )
 from presto_client.orchestration.engines.opening import (
     METRICS_TIMEOUT_S,
@@ -445,63 +446,14 @@ async def _settle_identities(
     )
     for name, size in vocab.items():
         identities.setdefault(name, {})[VOCAB_IDENTITY_KEY] = size
-    _check_eos_ids(plan, discovered, {n: _vocab_of(n, engines, vocab) for n in engines})
+    check_eos_ids(
+        plan.samplers,
+        list(plan.engines),
+        discovered,
+        {n: vocab_of(n, engines[n].replicas, vocab) for n in engines},
+    )
     run.record_engine_identity(identities)
     return discovered, vocab
-
-
-def _vocab_of(
-    name: str, engines: Mapping[str, OpenedEngine], served: Mapping[str, int | None]
-) -> int | None:
-    """An engine's vocabulary size: its server's (``served``), else what its in-process model
-    or its spec states (through the wrappers that hold it as ``inner``)."""
-    if name in served:
-        return served[name]
-    replica = engines[name].replicas[0] if engines[name].replicas else None
-    while replica is not None:
-        for holder in (getattr(replica, "spec", None), getattr(replica, "model", None)):
-            size = getattr(holder, "vocab_size", None)
-            if isinstance(size, int) and not isinstance(size, bool):
-                return size
-        replica = getattr(replica, "inner", None)
-    return None
-
-
-def _check_eos_ids(
-    plan: JobPlan, discovered: Mapping[str, int | None], vocab: Mapping[str, int | None]
-) -> None:
-    """Each engine's EOS checked like every other token id: one outside the vocabulary is
-    never sampled, so the stop rule would silently never fire and every chain would run its
-    whole budget (:class:`ConfigError`); where the vocabulary is unknown, a warning."""
-    for name, sampler in plan.samplers.items():
-        if not sampler.stop_at_eos:
-            continue
-        given = sampler.eos_token_id is not None
-        eos = sampler.eos_token_id if given else discovered.get(name)
-        if eos is None:
-            continue
-        where = (
-            f"engines[{list(plan.engines).index(name)}].eos_token_id={eos}"
-            if given
-            else f"the EOS id {eos} the server's tokenizer named"
-        )
-        size = vocab.get(name)
-        fix = "give the id of the model's end-of-answer token as engines[].eos_token_id"
-        if eos < 0:
-            raise ConfigError(f"engine {name}: {where} is negative, not a token id; {fix}")
-        if size is not None and eos >= size:
-            raise ConfigError(
-                f"engine {name}: {where} is outside the model's vocabulary of {size} tokens: "
-                "it is never sampled, so the stop at EOS would never fire and every chain "
-                f"would run its whole budget; {fix} (or sampler.stop_at_eos: false)"
-            )
-        if size is None:
-            logger.warning(
-                "engine %s: %s cannot be checked (the vocabulary size is unknown: state it as "
-                "engines[].vocab_size); an id the model never samples turns the stop at EOS off",
-                name,
-                where,
-            )
 
 
 def _chain_specs(
@@ -598,29 +550,6 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
-
-
-GC_THRESHOLDS = (100_000, 50, 1_000)
-"""The cyclic collector's thresholds while chains run (Python's are (700, 10, 10))."""
-
-
-@contextlib.contextmanager
-def fewer_gc_passes() -> Iterator[None]:
-    """The cyclic garbage collector, run less often while chains run.
-
-    A client's heap grows with its chains (their states, streams and coroutine frames), and
-    every pass of the collector walks the generations it collects while the event loop waits:
-    with Python's thresholds, 10,000 ``stream`` chains spent 35 % of the client's CPU there and
-    held the loop for 2.5 s at a time (``benchmarks/configs/scale_10k.yaml``: 55 s of CPU and a
-    2.5 s p99 lag by default, 36 s and 0.2 s with these). Nothing a chain makes is left to the
-    collector to free in bulk (a proposal's arrays have no cycles), so the memory stays close
-    (446 MB and 418 MB at the peak there)."""
-    before = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def pending_engines(plan: JobPlan) -> list[str]:

@@ -139,9 +139,10 @@ def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
 
 def run_serve(args: argparse.Namespace, cfg: Any) -> int:
     """Serve until interrupted; 0 on a clean stop, 1 when running requests were cut."""
+    from presto_client.concurrency import fewer_gc_passes
     from presto_client.core.sampler_config import arm_traversal_names
     from presto_client.orchestration.engines.opening import start_embedded_servers
-    from presto_client.orchestration.job import event_loop_factory, fewer_gc_passes
+    from presto_client.orchestration.job import event_loop_factory
     from presto_client.orchestration.planning.plan import make_plan
     from presto_client.serve.lifecycle import serve_until_stopped
 

@@ -101,9 +101,16 @@ def _third_party_imports() -> list[ThirdPartyImport]:
     return out
 
 
+# The distribution of an import whose name differs from it, for when it is not installed (a
+# light install: `.[dev]` alone has no scikit-learn to ask).
+NOT_ITS_IMPORT_NAME = {"sklearn": "scikit-learn"}
+
+
 def _distributions(import_name: str) -> set[str]:
     found = importlib.metadata.packages_distributions().get(import_name)
-    return {_normalise(d) for d in found} if found else {_normalise(import_name)}
+    if found:
+        return {_normalise(d) for d in found}
+    return {_normalise(NOT_ITS_IMPORT_NAME.get(import_name, import_name))}
 
 
 def _extra_of(file: str) -> str | None:

@@ -13,7 +13,6 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,8 +22,12 @@ from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.loading import load_job_config
-from presto_client.orchestration.engines.eos_discovery import closing_token, discover_eos_token_id
-from presto_client.orchestration.job import _check_eos_ids, run_job_async
+from presto_client.orchestration.engines.eos_discovery import (
+    check_eos_ids,
+    closing_token,
+    discover_eos_token_id,
+)
+from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.run_dir.rundir import read_jsonl
 from tests.support.plans import plan_of
 
@@ -179,11 +182,10 @@ def test_an_eos_id_that_cannot_be_checked_is_said(caplog: pytest.LogCaptureFixtu
     # A server that cannot tell its vocabulary size (and no vocab_size stated): the id is
     # taken, with one warning naming it and the field that would let it be checked.
     sampler = SamplerConfig(eos_token_id=5)
-    plan = SimpleNamespace(samplers={"v": sampler}, engines={"v": None})
     caplog.set_level(logging.WARNING)
-    _check_eos_ids(plan, {}, {"v": None})  # type: ignore[arg-type]
+    check_eos_ids({"v": sampler}, ["v"], {}, {"v": None})
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "engines[0].eos_token_id=5 cannot be checked" in said[0]
     assert "engines[].vocab_size" in said[0]
-    _check_eos_ids(plan, {}, {"v": 6})  # type: ignore[arg-type]  # inside: nothing said
+    check_eos_ids({"v": sampler}, ["v"], {}, {"v": 6})  # inside: nothing said
     assert len(caplog.records) == 1

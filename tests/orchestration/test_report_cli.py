@@ -110,6 +110,7 @@ def test_compare_prints_side_by_side(write_config: Callable[..., Path], tmp_path
 def test_report_writes_pngs_from_a_saved_run(
     write_config: Callable[..., Path], tmp_path: Path
 ) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the extra 'plots'")
     assert run_cli("run", str(write_config()), "--no-progress", "-q")[0] == 0
     before = (tmp_path / "run" / "samples.jsonl").read_text()
     status, out = run_cli("report", str(tmp_path / "run"))
@@ -187,6 +188,7 @@ def test_cumulative_curves_and_summary_from_records() -> None:
 def test_write_plots_needs_only_the_files(
     write_config: Callable[..., Path], tmp_path: Path
 ) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the extra 'plots'")
     assert run_cli("run", str(write_config()), "--no-progress", "-q")[0] == 0
     files = write_plots(RunDir(tmp_path / "run"), tmp_path / "plots")
     assert len(files) == 3 and all(f.stat().st_size > 1000 for f in files)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from presto_client.core.engine_protocol import ChatTokenizing
-from presto_client.errors import EngineError
+from presto_client.errors import ConfigError, EngineError
 
 logger = logging.getLogger(__name__)
 
@@ -100,3 +100,58 @@ async def resolve_eos_token_ids(
         else:
             logger.info("engine %s: EOS token %d, from the server's chat template", name, eos)
     return out
+
+
+def vocab_of(name: str, replicas: Sequence[Any], served: Mapping[str, int | None]) -> int | None:
+    """An engine's vocabulary size: its server's (``served``), else what its in-process model
+    or its spec states (through the wrappers that hold it as ``inner``)."""
+    if name in served:
+        return served[name]
+    replica = replicas[0] if replicas else None
+    while replica is not None:
+        for holder in (getattr(replica, "spec", None), getattr(replica, "model", None)):
+            size = getattr(holder, "vocab_size", None)
+            if isinstance(size, int) and not isinstance(size, bool):
+                return size
+        replica = getattr(replica, "inner", None)
+    return None
+
+
+def check_eos_ids(
+    samplers: Mapping[str, Any],
+    engine_order: Sequence[str],
+    discovered: Mapping[str, int | None],
+    vocab: Mapping[str, int | None],
+) -> None:
+    """Each engine's EOS checked like every other token id: one outside the vocabulary is
+    never sampled, so the stop rule would silently never fire and every chain would run its
+    whole budget (:class:`ConfigError`); where the vocabulary is unknown, a warning."""
+    for name, sampler in samplers.items():
+        if not sampler.stop_at_eos:
+            continue
+        given = sampler.eos_token_id is not None
+        eos = sampler.eos_token_id if given else discovered.get(name)
+        if eos is None:
+            continue
+        where = (
+            f"engines[{list(engine_order).index(name)}].eos_token_id={eos}"
+            if given
+            else f"the EOS id {eos} the server's tokenizer named"
+        )
+        size = vocab.get(name)
+        fix = "give the id of the model's end-of-answer token as engines[].eos_token_id"
+        if eos < 0:
+            raise ConfigError(f"engine {name}: {where} is negative, not a token id; {fix}")
+        if size is not None and eos >= size:
+            raise ConfigError(
+                f"engine {name}: {where} is outside the model's vocabulary of {size} tokens: "
+                "it is never sampled, so the stop at EOS would never fire and every chain "
+                f"would run its whole budget; {fix} (or sampler.stop_at_eos: false)"
+            )
+        if size is None:
+            logger.warning(
+                "engine %s: %s cannot be checked (the vocabulary size is unknown: state it as "
+                "engines[].vocab_size); an id the model never samples turns the stop at EOS off",
+                name,
+                where,
+            )
