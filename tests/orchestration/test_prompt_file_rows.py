@@ -91,3 +91,43 @@ def test_a_first_row_past_the_size_limit_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="more than the limit"):
         read_text_file(path, what="prompts file", max_bytes=1000, rows=1)
     assert MAX_PROMPTS_BYTES == 1 << 30  # (the real limit: 1 GiB)
+
+
+# ---- input that would change the job silently (issue 48, item 6)
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [(None, "null"), (["a", "list"], "list"), ({"k": 1}, "dict"), (True, "bool")]
+)
+def test_a_template_over_a_value_that_is_not_text_is_refused_naming_the_row(
+    tmp_path: Path, value: Any, kind: str
+) -> None:
+    path = tmp_path / "p.jsonl"
+    rows = [{"q": "fine", "n": 1}, {"q": value, "n": 2}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_job_config(_config(tmp_path, {"file": str(path), "template": "Q: {q} ({n})"}))
+    with pytest.raises(ConfigError) as err:
+        load_prompts(cfg)
+    assert f"p.jsonl:2: prompts.template's {{q}} is {kind} in this row" in str(err.value)
+
+
+def test_numbers_in_a_template_are_rendered(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"a": 3, "b": 0.5}) + "\n")
+    cfg = load_job_config(_config(tmp_path, {"file": str(path), "template": "{a} + {b}"}))
+    assert [p.text for p in load_prompts(cfg)] == ["3 + 0.5"]
+
+
+@pytest.mark.parametrize("cell", ["", "   "])
+def test_an_empty_prompt_is_a_config_error_naming_file_and_row(tmp_path: Path, cell: str) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text(f"question,answer\nfine,1\n{cell},2\n")
+    with pytest.raises(ConfigError, match=r"p\.csv:3: field 'question' is empty"):
+        load_prompts(load_job_config(_config(tmp_path, {"file": str(path)})))
+
+
+def test_a_csv_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_bytes("\ufeffquestion,answer\nWhat is 2+2?,4\n".encode())
+    prompts = load_prompts(load_job_config(_config(tmp_path, {"file": str(path)})))
+    assert [(p.text, p.answer) for p in prompts] == [("What is 2+2?", "4")]

@@ -150,8 +150,9 @@ def _parse_json(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
 
 
 def _parse_csv(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
-    """A CSV file with a header line; values are text (``answer`` included)."""
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    """A CSV file with a header line; values are text (``answer`` included). A UTF-8 byte-order
+    mark (spreadsheets write one) is not part of the first column's name."""
+    reader = csv.DictReader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
     if not reader.fieldnames:
         raise ConfigError(f"{path}: no header line (a CSV file names its columns first)")
     rows: list[dict[str, Any]] = []

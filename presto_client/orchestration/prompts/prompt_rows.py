@@ -63,9 +63,22 @@ def render_template(template: str, values: Mapping[str, Any], place: str) -> str
                 f"(fields: {', '.join(map(str, values))}); write literal braces as {{{{ and }}}}"
             )
         value = values[name]
-        return "" if value is None else str(value)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        # null, a list, a mapping or true/false would become "", "['a', 'b']", "True": a
+        # prompt nobody wrote, graded all the same.
+        kind = "null" if value is None else type(value).__name__
+        raise ConfigError(
+            f"{place}: prompts.template's {{{name}}} is {kind} in this row, not text or a number; "
+            "fix the row (or leave it out of the file)"
+        )
 
-    return _PLACEHOLDER.sub(sub, template)
+    text = _PLACEHOLDER.sub(sub, template)
+    if not text.strip():
+        raise ConfigError(f"{place}: prompts.template gives an empty prompt for this row")
+    return text
 
 
 def _letter_of(value: Any, options: Sequence[str], place: str) -> int:
@@ -221,6 +234,11 @@ def rows_to_prompts(loaded: LoadedRows, pc: PromptsConfig) -> list[Prompt]:
         ):
             prompts.append(Prompt(index, token_ids=tuple(value), answer=answer, origin=origin))
         elif isinstance(value, str):
+            if not value.strip():
+                raise ConfigError(
+                    f"{place}: field {pc.field!r} is empty; every row needs a prompt (fix the "
+                    "row, or leave it out of the file)"
+                )
             if pc.choices is not None:
                 value = f"{value}\n\n{values['choices']}"
             prompts.append(Prompt(index, text=value, answer=answer, origin=origin))
