@@ -51,3 +51,27 @@ def test_userinfo_with_api_key_env_is_a_config_error(
     assert main(["validate", str(config)], out=io.StringIO()) == 2
     err = capsys.readouterr().err
     assert "api_key_env" in err and "secret" not in err
+
+
+def test_a_redacted_url_is_refused_asking_for_the_credential_again(
+    write_config: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What config.resolved.yaml holds for a URL with a password: rerun as it is, it would send
+    # HTTP Basic "***:" and report the 401 as a server still loading.
+    config = write_config(engines=[_engine(base_url="http://***@127.0.0.1:9")])
+    assert main(["validate", str(config)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "give the credential again" in err and "config.resolved.yaml" in err
+
+
+def test_a_secret_in_a_url_query_is_never_shown(
+    write_config: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(
+        engines=[_engine(base_url="http://127.0.0.1:9/?api_key=hunter2")], chains_per_prompt=1
+    )
+    out = io.StringIO()
+    main(["validate", str(config)], out=out)
+    main(["run", str(config), "--no-progress", "-v"], out=out)
+    printed = out.getvalue() + "".join(capsys.readouterr())
+    assert "127.0.0.1:9" in printed and "hunter2" not in printed

@@ -55,7 +55,7 @@ from presto_client.orchestration.planning.planned import (
     ReplicaOpener,
     ServerToStart,
 )
-from presto_client.urls import redact_url, split_userinfo
+from presto_client.urls import REDACTED, redact_url, split_userinfo
 
 HTTP_TAG = "http"
 """The union tag of :class:`HttpEngineConfig` (every kind the backends' registry knows)."""
@@ -320,7 +320,14 @@ class HttpEngineConfig(EngineConfigBase):
                 raise ValueError(
                     f"{redact_url(url)!r} is not an http(s) URL, e.g. http://localhost:8000"
                 )
-            if self.api_key_env and split_userinfo(url)[1] is not None:
+            userinfo = split_userinfo(url)[1]
+            if userinfo is not None and REDACTED in userinfo:
+                raise ValueError(
+                    f"{redact_url(url)} holds {REDACTED} where its credentials were (a run "
+                    "directory's config.resolved.yaml never keeps them): give the credential "
+                    "again, as http://user:password@host:port or api_key_env"
+                )
+            if self.api_key_env and userinfo is not None:
                 raise ValueError(
                     f"{redact_url(url)} carries user:password@ and api_key_env is set too: give "
                     "one credential, not both (the URL's is sent as HTTP Basic auth, the key of "
