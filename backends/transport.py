@@ -222,9 +222,9 @@ class Transport:
     def _past_deadline(self, label: str) -> EngineError:
         return EngineUnavailableError(
             f"{label}: {self.base_url} did not finish answering within "
-            f"request_deadline_s={self.request_deadline_s:g} s (it kept the connection alive "
-            "without completing: keepalives or a trickle of bytes); not retried; raise "
-            "request_deadline_s in the engine config if its answers are that slow",
+            f"request_deadline_s={self.request_deadline_s:g} s (silent, or answering too slowly "
+            "to finish: the request's whole deadline, not the read timeout, ran out); not "
+            "retried; raise request_deadline_s in the engine config if its answers are that slow",
             engine=self.engine_name,
         )
 
