@@ -331,6 +331,22 @@ class HttpEngine:
         except InvalidResponseError as exc:
             raise InvalidResponseError(str(exc), engine=self.name) from None
 
+    async def stated_eos_token_id(self) -> int | None:
+        """The EOS the server states for its model, where its dialect can ask (llama.cpp:
+        ``/props``' EOS text, tokenized as one special token); ``None`` where it cannot."""
+        adapter = self.adapter
+        parse = getattr(adapter, "parse_eos_text", None)
+        build = getattr(adapter, "build_tokenize_special", None)
+        if parse is None or build is None:
+            return None
+        text = parse(await self.transport.request_json("GET", "/props", None, label="/props"))
+        if text is None:
+            return None
+        call = build(text)
+        body = await self.transport.request_json("POST", call.path, call.payload, label=call.label)
+        ids = self._tokenizer().parse_tokenize(body)
+        return ids[0] if len(ids) == 1 else None
+
     async def tokenize_messages(
         self,
         messages: Sequence[Mapping[str, str]],

@@ -400,6 +400,19 @@ class LlamaCppAdapter(Adapter):
     def on_slot(self, call: HttpCall, slot: int) -> HttpCall:
         return HttpCall(call.path, {**call.payload, "id_slot": int(slot)}, call.label, call.stream)
 
+    # ---- the EOS the server states (its model's, from the GGUF's metadata)
+
+    def parse_eos_text(self, props: Any) -> str | None:
+        """``/props``' ``eos_token``: the text of the model's EOS (``llama_vocab_eos``, rendered
+        with its special form, e.g. ``<|im_end|>``); ``None`` where it names none."""
+        text = props.get("eos_token") if isinstance(props, dict) else None
+        return text if isinstance(text, str) and text else None
+
+    def build_tokenize_special(self, text: str) -> HttpCall:
+        """``text`` tokenized as special tokens, nothing added (one EOS's id)."""
+        payload = {"content": text, "add_special": False, "parse_special": True}
+        return HttpCall("/tokenize", payload, "tokenize the EOS")
+
     def parse_stream_event(
         self, request: ProposalRequest, event: Any, *, label: str
     ) -> TokenLogprobs | None:

@@ -28,6 +28,7 @@ from presto_client.backends.llamacpp import (
 from presto_client.backends.metrics import prefix_cache_metrics
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import EngineError, EngineUnavailableError, InvalidResponseError
+from presto_client.orchestration.engines.eos_discovery import discover_eos_token_id
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 
 EOS = 2
@@ -498,3 +499,40 @@ async def test_without_a_slot_count_the_server_places_requests_itself(
     assert whole.token_ids.tolist() == [5, 6, 7]
     assert all("id_slot" not in p for p in sent)
     assert sum("slot count is unknown" in r.message for r in caplog.records) == 1
+
+
+# ---- the EOS the server states (issue 46)
+
+
+async def test_the_eos_is_the_one_props_names_tokenized_as_one_special_token() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: Sent) -> Answer:
+        if request.path == "/props":
+            return json_answer(200, {"total_slots": SLOTS, "eos_token": "<|im_end|>"})
+        if request.path == "/tokenize":
+            sent.append(json.loads(request.body))
+            return json_answer(200, {"tokens": [2]})
+        return json_answer(404, {"error": "no"})
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    try:
+        assert await discover_eos_token_id(engine) == (2, "")
+    finally:
+        await engine.aclose()
+    # Its text as one special token, nothing added (no BOS before it).
+    assert sent == [{"content": "<|im_end|>", "add_special": False, "parse_special": True}]
+
+
+async def test_a_server_that_names_no_eos_falls_back_to_its_chat_template() -> None:
+    def handler(request: Sent) -> Answer:
+        if request.path == "/props":
+            return json_answer(200, {"total_slots": SLOTS, "eos_token": ""})
+        return json_answer(404, {"error": "no such route"})
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(handler))
+    try:
+        eos, why = await discover_eos_token_id(engine)
+    finally:
+        await engine.aclose()
+    assert eos is None and "tokenize" in why

@@ -1,7 +1,8 @@
 """The EOS of a served engine whose config gives none, asked of the server before any chain runs.
 
 The stop rule (``sampler.stop_at_eos``) needs the token that ends an answer. An HTTP engine's
-config may name it (``engines[].eos_token_id``, which always wins); otherwise the server's chat
+config may name it (``engines[].eos_token_id``, which always wins); otherwise the server states it
+where it can (llama.cpp: ``/props``' EOS text, tokenized as one special token), and else its chat
 template says it: a short conversation ending with an assistant turn is tokenized twice through
 the engine's ``/tokenize``, once with that turn closed (``add_generation_prompt: false``) and
 once left open (``continue_final_message: true``), and the first token of the closing sequence
@@ -46,7 +47,17 @@ def closing_token(closed: Sequence[int], open_: Sequence[int]) -> int | None:
 
 
 async def discover_eos_token_id(engine: Any) -> tuple[int | None, str]:
-    """The end-of-turn token of ``engine``'s chat template, and, where there is none, why."""
+    """The EOS the server states (llama.cpp's ``/props``), else the end-of-turn token of
+    ``engine``'s chat template; and, where there is none, why."""
+    stated = getattr(engine, "stated_eos_token_id", None)
+    if stated is not None:
+        try:
+            eos = await stated()
+        except EngineError as exc:
+            logger.info("the server did not state its EOS (%s); asking its chat template", exc)
+            eos = None
+        if eos is not None:
+            return eos, ""
     if not isinstance(engine, ChatTokenizing):
         return None, "the engine cannot tokenize a conversation"
     turns = [dict(m) for m in PROBE_CONVERSATION]
@@ -98,7 +109,7 @@ async def resolve_eos_token_ids(
                 why,
             )
         else:
-            logger.info("engine %s: EOS token %d, from the server's chat template", name, eos)
+            logger.info("engine %s: EOS token %d, as the server states it", name, eos)
     return out
 
 
