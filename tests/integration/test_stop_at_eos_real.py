@@ -147,3 +147,49 @@ async def test_llamacpp_chains_stop_at_the_models_eos(llamacpp_server: str) -> N
         print("\n" + "\n".join(await _check_stops_and_replays(eng)))
     finally:
         await eng.aclose()
+
+
+@pytest.mark.llamacpp
+async def test_llamacpp_job_without_eos_token_id_stops_at_the_eos_the_server_states(
+    llamacpp_server: str, tmp_path: Path
+) -> None:
+    """A researcher's own llama-server, no eos_token_id in the config: the EOS is the one its
+    /props names (its chat template cannot tell: llama-server renders an open and a closed
+    assistant turn alike), recorded in run.json, and chains stop at it."""
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [
+                    {
+                        "kind": "llamacpp",
+                        "name": "llamacpp",
+                        "base_url": llamacpp_server,
+                        "request_timeout_s": 600.0,
+                        "max_concurrency": 4,
+                    }
+                ],
+                "prompts": {"texts": QUESTIONS, "chat_template": True},
+                "sampler": {
+                    "alpha": 4.0,
+                    "block_size": 16,
+                    "num_blocks": 8,
+                    "steps_per_block": 2,
+                    "traversals": ["sequential"],
+                },
+                "seed": 3,
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    cfg = load_job_config(config)
+    assert cfg.engines[0].eos_token_id is None
+    result = await run_job_async(make_plan(cfg, load_prompts(cfg)))
+    assert result.completed == len(QUESTIONS) and result.failed == 0
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["engine_identity"]["llamacpp"]["eos_token_id"] == IM_END
+    rows = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    stopped = [r for r in rows if r["stats"]["stopped_at_eos"]]
+    assert stopped, [r["stats"]["blocks_run"] for r in rows]
+    for r in stopped:
+        assert r["token_ids"][-1] == IM_END and r["stats"]["blocks_run"] < 8
