@@ -124,6 +124,10 @@ class Generation:
         self._model = model
         """The served model's name (the engine discovers it once)."""
         self._slot_plan: SlotPlan | None = None
+        self._slot_free: asyncio.Semaphore | None = None
+        """Free slots, where the client places requests: a request waits here for one, not in
+        the server's queue (where its wait would count against its timeout, and a timeout
+        retried would queue it again behind the same work)."""
         # The optional parts, looked up once: ``None`` where the dialect has none.
         self._slots = adapter.slots if adapter.traits.slots_path is not None else None
         self._fixes = adapter.repairs
@@ -159,6 +163,7 @@ class Generation:
                     )
                 else:
                     self._slot_plan = SlotPlan(count)
+                    self._slot_free = asyncio.Semaphore(count)
                 self._slots_read = True
         return self._slot_plan
 
@@ -227,7 +232,7 @@ class Generation:
                 taken, may_continue, gap = len(answer), True, False
             else:
                 taken, stop, gap = 0, None, False
-                events, slot = self._open_part(part, model, label, headers, plan)
+                events, slot = await self._open_part(part, model, label, headers, plan)
                 first = len(received)
                 try:
                     async for batch in events:
@@ -268,6 +273,7 @@ class Generation:
                     await events.aclose()
                     if plan is not None and slot is not None:
                         plan.give_back(slot, _generated_after(part.prefix, received[first:]))
+                    self._slot_freed()
                 may_continue = stop == "eos"
             if gap:
                 rest = await self._unstreamed_rest(request, received, label, headers)
@@ -283,7 +289,7 @@ class Generation:
                 raise self._short(request, total, label, stream=stream)
             part = following
 
-    def _open_part(
+    async def _open_part(
         self,
         part: ProposalRequest,
         model: str,
@@ -291,11 +297,17 @@ class Generation:
         headers: RequestHeaders | None,
         plan: SlotPlan | None,
     ) -> tuple[AsyncGenerator[list[Any], None], int | None]:
-        """A streamed part's events, placed on a slot (and the slot, to give back)."""
-        call = self.adapter.build_generate(part, model, label=label, stream=True)
-        slot = plan.take(part.prefix) if plan is not None else None
-        if slot is not None:
-            call = self._on_slot(call, slot)
+        """A streamed part's events, placed on a slot (and the slot, to give back; the caller
+        gives it back and calls :meth:`_slot_freed`)."""
+        await self._slot_wait()
+        try:
+            call = self.adapter.build_generate(part, model, label=label, stream=True)
+            slot = plan.take(part.prefix) if plan is not None else None
+            if slot is not None:
+                call = self._on_slot(call, slot)
+        except BaseException:
+            self._slot_freed()
+            raise
         # Events arrive in batches (those completed by one network read), parsed and scored as
         # one chunk: when the client falls behind, its costs per chunk are shared.
         events = self.transport.stream_event_batches(
@@ -306,6 +318,15 @@ class Generation:
             headers=headers,
         )
         return events, slot
+
+    async def _slot_wait(self) -> None:
+        """Wait for a free slot, where the client places requests (:attr:`_slot_free`)."""
+        if self._slot_free is not None:
+            await self._slot_free.acquire()
+
+    def _slot_freed(self) -> None:
+        if self._slot_free is not None:
+            self._slot_free.release()
 
     def _short(
         self, request: ProposalRequest, total: int, label: str, *, stream: bool
@@ -334,12 +355,14 @@ class Generation:
         plan: SlotPlan | None,
     ) -> TokenLogprobs:
         """One part fetched whole, placed on a slot and repaired."""
-        call = self.adapter.build_generate(part, model, label=label)
-        slot = plan.take(part.prefix) if plan is not None else None
-        if slot is not None:
-            call = self._on_slot(call, slot)
+        await self._slot_wait()
         body = None
+        slot = None
         try:
+            call = self.adapter.build_generate(part, model, label=label)
+            slot = plan.take(part.prefix) if plan is not None else None
+            if slot is not None:
+                call = self._on_slot(call, slot)
             body = await self.transport.request_json(
                 "POST",
                 call.path,
@@ -353,6 +376,7 @@ class Generation:
             # want this slot's cache now.
             if plan is not None and slot is not None:
                 plan.give_back(slot, _answer_tokens(part.prefix, body))
+            self._slot_freed()
         repairs = self._fixes
         if repairs is None:
             parsed = self.adapter.parse_generate(part, body, label=label)

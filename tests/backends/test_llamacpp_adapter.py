@@ -5,6 +5,7 @@ over the in-memory pool."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -536,3 +537,41 @@ async def test_a_server_that_names_no_eos_falls_back_to_its_chat_template() -> N
     finally:
         await engine.aclose()
     assert eos is None and "tokenize" in why
+
+
+async def test_requests_wait_for_a_free_slot_in_the_client_not_in_the_servers_queue() -> None:
+    """A server of 2 slots and 6 proposals at once (whole and streamed): never more than 2 at
+    the server, each on a slot of its own; the others wait in the client, where their wait
+    does not count against their timeout (issue 46: 64 in flight against 4 slots timed out
+    in the server's queue and were retried behind the same work)."""
+    running: list[int] = []
+    peak = 0
+    slots_seen: list[int] = []
+
+    async def handler(request: Sent) -> Answer:
+        nonlocal peak
+        if request.path == "/props":
+            return json_answer(200, {"total_slots": 2})
+        body = json.loads(request.body)
+        slots_seen.append(body["id_slot"])
+        running.append(1)
+        peak = max(peak, len(running))
+        await asyncio.sleep(0.02)
+        running.pop()
+        tokens = [5] * body["n_predict"]
+        if body["stream"]:
+            return _sse(_events(tokens))
+        return json_answer(200, _answer(tokens))
+
+    engine = create_engine(_spec(model="m", max_concurrency=64), pool=MemoryPool(handler))
+
+    async def streamed(seed: int) -> int:
+        return sum([len(c) async for c in engine.stream(_request(seed=seed))])
+
+    try:
+        whole = engine.generate([_request(seed=s) for s in range(3)])
+        counts = await asyncio.gather(whole, *(streamed(s) for s in range(3, 6)))
+    finally:
+        await engine.aclose()
+    assert [len(x) for x in counts[0]] == [3, 3, 3] and counts[1:] == [3, 3, 3]
+    assert peak == 2 and sorted(set(slots_seen)) == [0, 1]
