@@ -128,7 +128,7 @@ def test_validate_probe_names_the_servers_eos(tmp_path: Path, server: Any) -> No
     from presto_client.orchestration.engines.opening import probe_job
 
     lines = probe_job(plan_of(load_job_config(write(tmp_path, server.base_url))))
-    assert f"  v: EOS token {EOT}, from the server's chat template" in lines
+    assert f"  v: EOS token {EOT}, as the server states it" in lines
 
 
 async def test_a_resume_keeps_the_recorded_eos(tmp_path: Path, server: Any) -> None:

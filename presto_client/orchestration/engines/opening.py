@@ -275,10 +275,19 @@ def probe_job(plan: JobPlan) -> list[str]:
                 ):
                     eos, why = await discover_eos_token_id(handle.replicas[0])
                     lines.append(
-                        f"  {name}: EOS token {eos}, from the server's chat template"
+                        f"  {name}: EOS token {eos}, as the server states it"
                         if eos is not None
                         else f"  {name}: no EOS token known ({why}); set engines[].eos_token_id"
                     )
+                for replica in handle.replicas:
+                    generation = getattr(replica, "generation", None)
+                    plan_of = getattr(generation, "slot_plan", None)
+                    slots = await plan_of() if plan_of is not None else None
+                    if slots is not None:
+                        lines.append(
+                            f"  {name}: {slots.slots} slot(s): at most {slots.slots} request(s) "
+                            "at once, the others wait in the client"
+                        )
         return lines
 
     with contextlib.ExitStack() as stack:
