@@ -30,6 +30,13 @@ def test_last_boxed_nested_braces() -> None:
     assert last_boxed(r"\boxed{unclosed") is None
 
 
+def test_an_empty_trailing_box_does_not_override_the_answer() -> None:
+    # (issue 50: "... \\boxed{12}. Final answer: \\boxed{}" graded the empty box)
+    assert last_boxed(r"so \boxed{12}. Final answer: \boxed{ }") == "12"
+    assert last_boxed(r"\boxed{}") is None
+    assert grade_math(r"so \boxed{12}. Answer: \boxed{}", "12").correct
+
+
 def test_extract_math_answer_prefers_boxed_then_last_number() -> None:
     assert extract_math_answer(r"so 3 apples... \boxed{7} and 9") == "7"
     assert extract_math_answer("She has 3 then 12 apples.") == "12"

@@ -70,7 +70,8 @@ _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces), or None."""
+    """Content of the last non-empty ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces), or
+    None (an empty trailing ``\\boxed{}``, a template echoed, is not an answer)."""
     starts = [m.end() for m in _BOX_RE.finditer(text)]
     for start in reversed(starts):
         depth = 1
@@ -82,7 +83,10 @@ def last_boxed(text: str) -> str | None:
             elif ch == "}":
                 depth -= 1
                 if depth == 0:
-                    return text[start:i].strip()
+                    content = text[start:i].strip()
+                    if content:
+                        return content
+                    break
             i += 1
     return None
 
