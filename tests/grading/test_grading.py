@@ -96,6 +96,12 @@ def test_grade_exact_normalises() -> None:
         ("I think (A) is wrong, and the answer is (B)", "B"),
         ("B", "B"),
         ("nothing chosen", None),
+        # issue 50: what a reader would not call a choice, and a boxed choice with its text
+        ("The answer is a bit tricky", None),
+        ("Vitamin D.", None),
+        ("Options: (A) iron (B) zinc (C) copper (D) lead", None),
+        (r"\boxed{B) 10^-8 eV}", "B"),
+        ("Answer: c", "C"),
     ],
 )
 def test_extract_choice(text: str, letter: str | None) -> None:

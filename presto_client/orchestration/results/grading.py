@@ -190,17 +190,29 @@ def math_equal(pred: str, ref: str) -> bool:
 
 
 _CHOICE_PATTERNS = (
-    re.compile(r"\\boxed\{\s*(?:\\text(?:bf)?\{\s*)?\(?([A-Da-d])\)?\s*\}?\s*\}"),
-    re.compile(r"answer\s*(?:is|:)?\s*:?\s*\(?\*{0,2}([A-Da-d])\b\)?", re.IGNORECASE),
+    # \boxed{B}, \boxed{(B)}, \boxed{\text{B}}, \boxed{B) 10^-8 eV}: the letter, then no letter
+    re.compile(r"\\boxed\{\s*(?:\\text(?:bf)?\{\s*)?\(?([A-Da-d])(?![A-Za-z0-9])"),
+    # "the answer is (c)", "Answer: B", "answer is **C**", "answer: c" (a bare lower-case letter
+    # only where the answer ends: "the answer is a bit tricky" chose nothing)
+    re.compile(
+        r"(?i:answer\s*(?:is|:)?)\s*:?\s*"
+        r"(?:\(\s*([A-Da-d])\s*\)|\*{0,2}([A-D])\*{0,2}(?![A-Za-z0-9])|([a-d])(?=\s*(?:$|[.,;!]\s*$|\n)))"
+    ),
     re.compile(r"\(([A-D])\)"),
-    re.compile(r"(?:^|\s)([A-D])(?:[.):]|\s*$)", re.MULTILINE),
+    # a line that is the letter alone ("B", "(B)", "B."), not a sentence ending in one
+    re.compile(r"^\s*\(?([A-D])[.)]?\s*$", re.MULTILINE),
 )
+_LIST_LETTERS = 3
+"""A completion naming this many different options in parentheses restates the list: those
+are not a choice."""
 
 
 def extract_choice(text: str) -> str | None:
     """The chosen letter A-D of a multiple-choice answer, upper case, or None."""
     for pat in _CHOICE_PATTERNS:
-        found = pat.findall(text)
+        found = [m if isinstance(m, str) else next(g for g in m if g) for m in pat.findall(text)]
+        if pat is _CHOICE_PATTERNS[2] and len({f.upper() for f in found}) >= _LIST_LETTERS:
+            continue
         if found:
             return str(found[-1]).upper()
     return None
