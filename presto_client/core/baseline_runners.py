@@ -5,9 +5,11 @@
   token: the comparator of the power-sampling papers, which is *not* ``π_α``).
 * ``greedy``: the argmax token at every position (temperature 0, greedy on every engine).
 
-Each is one engine call of ``block_size × num_blocks`` tokens, seeded from the chain's seed (the
-same prompts and seeds as the MH arms of the job), truncated after the first EOS like them, and
-scored with the sampler's score spec so the final-response statistics are comparable.
+Each is seeded from the chain's seed (the same prompts and seeds as the MH arms of the job):
+block by block where the stop rule applies (an EOS known), stopping after the block that holds
+an EOS as the MH chains do, else one engine call of ``block_size × num_blocks`` tokens; truncated
+after the first EOS like them, and scored with the sampler's score spec so the final-response
+statistics are comparable.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ProposalRequest
+from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.state import ChainState
 
@@ -61,16 +63,34 @@ class BaselineRunner(ChainRunner):
 
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
         prompt = tuple(int(t) for t in prompt_ids)
-        request = ProposalRequest(
-            prompt,
-            self.config.response_length,
-            self.temperature,
-            self.randomness.extension_seed(0),
-            self.kernel.score_spec,
-        )
-        (response,), wall = await self._generate([request])
-        self.stats.chain_wall_s = wall
-        tokens = len(response)
+        spec = self.kernel.score_spec
+        state = ChainState(prompt, ScoredTokens.empty(len(spec.temperatures), spec.entropy))
+        config = self.config
+        # With the stop rule (an EOS known), block by block, stopping after the block that
+        # holds an EOS, as the MH chains do: the tokens counted are the work done, not the
+        # budget (one call of the whole budget generated 5,120 tokens for 3,897 kept). The law
+        # is the same: each block is sampled given the tokens before it.
+        stops = config.stop_at_eos and config.eos_token_id is not None
+        parts = [config.block_size] * config.num_blocks if stops else [config.response_length]
+        for block, length in enumerate(parts):
+            request = ProposalRequest(
+                state.prefix(state.length),
+                length,
+                self.temperature,
+                self.randomness.extension_seed(block),
+                spec,
+            )
+            (response,), wall = await self._generate([request])
+            self._count(block, len(response), wall)
+            state = state.extend(response)
+            self.stats.blocks_run += length // config.block_size
+            if self._stops(state):
+                self.stats.stopped_at_eos = block + 1 < len(parts)
+                break
+        self.stats.chain_wall_s = sum(self.stats.call_wall_s)
+        return self._result(state)
+
+    def _count(self, block: int, tokens: int, wall: float) -> None:
         self.stats.rounds += 1
         self.stats.call_wall_s.append(wall)
         self.stats.requests_issued += 1
@@ -78,7 +98,7 @@ class BaselineRunner(ChainRunner):
         self.stats.sequences_issued += 1
         self.stats.tokens_generated += tokens
         self._emit(
-            block=0,
+            block=block,
             kind="propose",
             requests=1,
             sequences=1,
@@ -88,5 +108,3 @@ class BaselineRunner(ChainRunner):
             wall_s=wall,
             tokens=tokens,
         )
-        self.stats.blocks_run = self.config.num_blocks  # the whole response, in one call
-        return self._result(ChainState(prompt, response))

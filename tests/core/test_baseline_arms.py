@@ -87,18 +87,37 @@ async def test_greedy_is_the_argmax_path_for_every_seed() -> None:
     assert set(await draw("greedy", 20)) == {tuple(want)}
 
 
-async def test_baseline_chain_costs_one_call_and_truncates_at_eos() -> None:
+async def test_baseline_chain_costs_one_call_without_an_eos() -> None:
+    engine = ReferenceEngine(ReferenceModel(VOCAB))
+    sampler = SamplerConfig(alpha=4.0, block_size=4, num_blocks=2, stop_at_eos=False)
+    result = await run_chain(engine, PROMPT, sampler, traversal="sample", seed=3)
+    stats = result.stats
+    assert (stats.rounds, stats.extend_calls, stats.transitions) == (1, 0, 0)
+    assert stats.tokens_generated == len(result.full_token_ids) == 8 and stats.blocks_run == 2
+
+
+async def test_baseline_chain_stops_after_the_block_that_holds_an_eos() -> None:
+    """The tokens counted are the work done (issue 50: one call of the whole budget counted
+    the budget), block by block as the MH chains stop."""
     engine = ReferenceEngine(ReferenceModel(VOCAB))
     sampler = SamplerConfig(alpha=4.0, block_size=4, num_blocks=2, eos_token_id=0)
+    stopped_early = 0
     for seed in range(30):
         result = await run_chain(engine, PROMPT, sampler, traversal="sample", seed=seed)
         stats = result.stats
-        assert (stats.rounds, stats.extend_calls, stats.transitions) == (1, 0, 0)
-        assert stats.tokens_generated == len(result.full_token_ids) == 8
-        if 0 in result.full_token_ids:
-            assert result.token_ids == result.full_token_ids[: result.full_token_ids.index(0) + 1]
+        full = result.full_token_ids
+        assert stats.tokens_generated == len(full) == 4 * stats.blocks_run
+        assert stats.rounds == stats.requests_issued == stats.blocks_run
+        if 0 in full[:4]:  # an EOS in the first block: the second is never asked for
+            assert stats.blocks_run == 1 and stats.stopped_at_eos
+            stopped_early += 1
         else:
-            assert result.token_ids == result.full_token_ids
+            assert stats.blocks_run == 2
+        if 0 in full:
+            assert result.token_ids == full[: full.index(0) + 1]
+        else:
+            assert result.token_ids == full
+    assert stopped_early > 0
     # the same seed replays the same sample
     a = await run_chain(engine, PROMPT, sampler, traversal="sample", seed=5)
     b = await run_chain(engine, PROMPT, sampler, traversal="sample", seed=5)
