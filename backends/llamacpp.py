@@ -401,11 +401,8 @@ class LlamaCppAdapter(Adapter):
     def on_slot(self, call: HttpCall, slot: int) -> HttpCall:
         return HttpCall(call.path, {**call.payload, "id_slot": int(slot)}, call.label, call.stream)
 
-    # ---- the EOS the server states (its model's, from the GGUF's metadata)
-
     def parse_eos_text(self, props: Any) -> str | None:
-        """``/props``' ``eos_token``: the text of the model's EOS (``llama_vocab_eos``, rendered
-        with its special form, e.g. ``<|im_end|>``); ``None`` where it names none."""
+        """``/props``' ``eos_token``: the model's EOS (``llama_vocab_eos``) as special text."""
         text = props.get("eos_token") if isinstance(props, dict) else None
         return text if isinstance(text, str) and text else None
 
