@@ -348,8 +348,7 @@ class LlamaCppAdapter(Adapter):
         start_hint=(
             "start it with `llama-server -m MODEL.gguf --port PORT -np 4 --metrics -fa on "
             "-ctk bf16 -ctv bf16 --cache-ram 0 --poll 0` (--poll 0: 10x faster on a shared CPU); "
-            "or "
-            "`bash scripts/llamacpp.sh start` for the CPU test server (port 8790)"
+            "or `bash scripts/llamacpp.sh start` for the CPU test server (port 8790)"
         ),
     )
 
