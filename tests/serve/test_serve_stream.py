@@ -119,7 +119,10 @@ def test_async_client_many_requests_at_once(tmp_path: Path) -> None:
 
 
 # 40 ms per engine step: a chain of 2 blocks of 4 tokens with 4 steps each runs for seconds.
-SLOW = CostProfile("test-slow", 40e-3, 0.0, 0.0, 64)
+# A step of 0.2 s: a chain's proposal lasts a second, so the four chains' requests overlap even
+# on a loaded machine (at 40 ms, chains that started late on a busy CI machine found the first
+# ones already past their proposals: 3 of 4 at once).
+SLOW = CostProfile("test-slow", 0.2, 0.0, 0.0, 64)
 
 
 def _running(upstream: ServerThread) -> float:
