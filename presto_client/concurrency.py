@@ -113,7 +113,8 @@ def fewer_gc_passes() -> Iterator[None]:
     held the loop for 2.5 s at a time (``benchmarks/configs/scale_10k.yaml``: 55 s of CPU and a
     2.5 s p99 lag by default, 36 s and 0.2 s with these). Nothing a chain makes is left to the
     collector to free in bulk (a proposal's arrays have no cycles), so the memory stays close
-    (446 MB and 418 MB at the peak there)."""
+    (446 MB and 418 MB at the peak there). For a job, which ends: a service that runs for days
+    keeps Python's thresholds (full collections this rare would let cyclic garbage pile up)."""
     before = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     try:

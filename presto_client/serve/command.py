@@ -139,7 +139,6 @@ def options_from(args: argparse.Namespace, cfg: Any = None) -> Any:
 
 def run_serve(args: argparse.Namespace, cfg: Any) -> int:
     """Serve until interrupted; 0 on a clean stop, 1 when running requests were cut."""
-    from presto_client.concurrency import fewer_gc_passes
     from presto_client.core.sampler_config import arm_traversal_names
     from presto_client.orchestration.engines.opening import start_embedded_servers
     from presto_client.orchestration.job import event_loop_factory
@@ -162,5 +161,5 @@ def run_serve(args: argparse.Namespace, cfg: Any) -> int:
         urls = start_embedded_servers(
             make_plan(cfg, ()), stack, only=[str(cfg.engines[0].name)], started=servers
         )
-        with fewer_gc_passes(), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             return runner.run(serve_until_stopped(cfg, options, urls, servers))
