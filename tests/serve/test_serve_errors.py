@@ -29,8 +29,14 @@ def service(tmp_path: Path) -> Iterator[ServiceThread]:
         yield s
 
 
-def _post(service: ServiceThread, body: Any, path: str = "/v1/completions", **kw: Any) -> Any:
-    return httpx.post(f"{service.url}{path}", json=body, timeout=30, **kw)
+def _post(
+    service: ServiceThread,
+    body: Any,
+    path: str = "/v1/completions",
+    timeout: float = 30,
+    **kw: Any,
+) -> Any:
+    return httpx.post(f"{service.url}{path}", json=body, timeout=timeout, **kw)
 
 
 def _error(response: httpx.Response, status: int, param: str | None) -> str:
@@ -187,6 +193,11 @@ def test_upstream_down_is_a_503_and_nothing_hangs(tmp_path: Path) -> None:
             list(stream)
 
 
+GATE_S = 150.0
+"""How long a gated proposal waits at most: past the test's own deadline (60 s) and its
+requests' timeout (120 s), so on a starved machine a request still waits rather than ends."""
+
+
 class _GatedEngine(ReferenceEngine):
     """The reference engine whose proposals wait until the test opens the gate."""
 
@@ -196,12 +207,12 @@ class _GatedEngine(ReferenceEngine):
 
     async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
         if not self.gate.is_set():  # (a worker thread waits; the test sets the gate at its end)
-            await asyncio.to_thread(self.gate.wait, 30)
+            await asyncio.to_thread(self.gate.wait, GATE_S)
         return await super().generate(requests)
 
     async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
         if not self.gate.is_set():  # (the stream traversal streams its extensions too)
-            await asyncio.to_thread(self.gate.wait, 30)
+            await asyncio.to_thread(self.gate.wait, GATE_S)
         async for chunk in super().stream(request):
             yield chunk
 
@@ -214,7 +225,8 @@ def test_beyond_the_queue_bound_is_a_429_with_retry_after(tmp_path: Path) -> Non
         body = {"model": "ref", "prompt": [1, 2], "seed": 1, "traversal": "sequential"}
         results: list[httpx.Response] = []
         threads = [
-            threading.Thread(target=lambda: results.append(_post(service, body))) for _ in range(2)
+            threading.Thread(target=lambda: results.append(_post(service, body, timeout=120)))
+            for _ in range(2)
         ]
         for t in threads:
             t.start()
