@@ -301,10 +301,7 @@ class Generation:
         gives it back and calls :meth:`_slot_freed`)."""
         await self._slot_wait()
         try:
-            call = self.adapter.build_generate(part, model, label=label, stream=True)
-            slot = plan.take(part.prefix) if plan is not None else None
-            if slot is not None:
-                call = self._on_slot(call, slot)
+            call, slot = self._placed(part, model, label, plan, stream=True)
         except BaseException:
             self._slot_freed()
             raise
@@ -318,6 +315,14 @@ class Generation:
             headers=headers,
         )
         return events, slot
+
+    def _placed(
+        self, part: ProposalRequest, model: str, label: str, plan: SlotPlan | None, *, stream: bool
+    ) -> tuple[HttpCall, int | None]:
+        """A part's generation call, on the slot the plan takes for it (where there is one)."""
+        call = self.adapter.build_generate(part, model, label=label, stream=stream)
+        slot = plan.take(part.prefix) if plan is not None else None
+        return (call if slot is None else self._on_slot(call, slot)), slot
 
     async def _slot_wait(self) -> None:
         """Wait for a free slot, where the client places requests (:attr:`_slot_free`)."""
@@ -359,10 +364,7 @@ class Generation:
         body = None
         slot = None
         try:
-            call = self.adapter.build_generate(part, model, label=label)
-            slot = plan.take(part.prefix) if plan is not None else None
-            if slot is not None:
-                call = self._on_slot(call, slot)
+            call, slot = self._placed(part, model, label, plan, stream=False)
             body = await self.transport.request_json(
                 "POST",
                 call.path,

@@ -18,6 +18,7 @@ from presto_client.backends.completions import fast_completion_logprobs
 from presto_client.backends.stream_scoring import StreamScorer
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.scoring import scored_from_raw
+from presto_client.core.stream.flight import join_chunks
 from presto_client.errors import InvalidResponseError
 from tests.support.emulation import EmulationServer
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer
@@ -153,11 +154,7 @@ async def test_concurrent_streams_score_as_alone_and_bad_ones_fail_alone() -> No
 
     async def stream(seed: int) -> ScoredTokens:
         request = ProposalRequest((1, 2), n, 0.25, seed, scores)
-        got = [chunk async for chunk in engine.stream(request)]
-        out = got[0]
-        for chunk in got[1:]:
-            out = out.concat(chunk)
-        return out
+        return join_chunks([chunk async for chunk in engine.stream(request)])
 
     try:
         results = await asyncio.gather(*[stream(s) for s in choices], return_exceptions=True)
@@ -187,11 +184,7 @@ async def test_streams_at_once_equal_their_whole_proposals_bit_for_bit(
     requests = [ProposalRequest((1, 2, 3, 4, 5), 12, 0.25, 40 + i, scores) for i in range(8)]
 
     async def streamed(request: ProposalRequest) -> ScoredTokens:
-        got = [chunk async for chunk in engine.stream(request)]
-        out = got[0]
-        for chunk in got[1:]:
-            out = out.concat(chunk)
-        return out
+        return join_chunks([chunk async for chunk in engine.stream(request)])
 
     try:
         together = await asyncio.gather(*[streamed(r) for r in requests])
