@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-import httpx
+import aiohttp
 
 from presto_client.backends import EngineSpec, create_engine
 from presto_client.core.kernels import make_kernel
@@ -150,8 +150,9 @@ class _Metered(Generic[T]):
 class LatencyServerProcess:
     """``python -m benchmarks.latency_server`` in a subprocess (a context manager)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], *, quiet: bool = False) -> None:
         self.args = args
+        self.quiet = quiet
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
 
@@ -169,7 +170,8 @@ class LatencyServerProcess:
         if " on http://" not in line:
             self.proc.kill()
             raise RuntimeError(f"the latency server did not start: {line!r}")
-        print(line.strip(), flush=True)
+        if not self.quiet:
+            print(line.strip(), flush=True)
         self.base_url = line.strip().rsplit(" on ", 1)[1]
         return self
 
@@ -235,8 +237,10 @@ async def run_block(
     # One budget for the block's chains, as the engine's owner holds one per replica in a job.
     budget = chain_budget(engine)
     budget.tolerance = tolerance  # an engine's speculation_tolerance in a job config
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as control:
-        await control.post("/stats/reset")
+    # (aiohttp, the client's own stack: the demo's install has no other.)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(base_url, timeout=timeout) as control:
+        (await control.post("/stats/reset")).raise_for_status()
 
         async def one(c: int) -> dict[str, Any]:
             t0 = time.perf_counter()
@@ -269,7 +273,8 @@ async def run_block(
             await engine.aclose()
         wall = time.perf_counter() - t0
         cpu = _process_cpu_s() - cpu0
-        server = (await control.get("/stats")).json()
+        async with control.get("/stats") as reply:
+            server = await reply.json()
     return Block(
         arm.name,
         arm.traversal,
@@ -702,6 +707,8 @@ async def bench(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
                     with partial.open("a") as fh:
                         fh.write(json.dumps(block.__dict__) + "\n")
                 done = [c["stats"] for c in block.chains if "stats" in c]
+                if args.quiet:
+                    continue
                 print(
                     f"prompt {p} {name} {arm.name:>14}: wall {block.wall_s:7.2f} s, model-call "
                     f"{block.total('model_call_time_s'):7.2f} s, transitions "
@@ -821,6 +828,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--server-url", default=None, help="use a running latency server")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_stream"))
     parser.add_argument(
+        "--quiet", action="store_true", help="the tables only (no line per prompt and arm)"
+    )
+    parser.add_argument(
         "--wide", action="store_true", help="print every column (results.md has them anyway)"
     )
     parser.add_argument(
@@ -882,7 +892,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"note: --server-url: the server must serve EOS {eos} itself", flush=True)
         result = asyncio.run(bench(args, args.server_url))
     else:
-        with LatencyServerProcess(server_args) as server:
+        with LatencyServerProcess(server_args, quiet=args.quiet) as server:
             result = asyncio.run(bench(args, server.base_url))
     report(args, result)
 

@@ -40,8 +40,9 @@ def test_run_table_has_the_cost_columns() -> None:
     assert "2.02" in row and "1234" in row and "65%" in row
 
 
-def test_the_run_table_fits_120_columns_and_labels_its_ranges() -> None:
-    """Issue 40: the table was 205-234 columns wide, its ``[a-b]`` ranges unlabelled."""
+def test_the_run_table_fits_100_columns_and_labels_its_ranges() -> None:
+    """Issue 40: the table was 205-234 columns wide, its ``[a-b]`` ranges unlabelled; issue 47:
+    every table fits 100 columns."""
     speed = {
         "speedup_median": 1.07,
         "speedup_min": 0.89,
@@ -59,7 +60,7 @@ def test_the_run_table_fits_120_columns_and_labels_its_ranges() -> None:
         _arm("llamacpp/predictive", **speed, requests_issued=1234, requests_used=345),
     ]
     table = format_summary_table({"arms": arms})
-    assert max(len(line) for line in table.splitlines()) <= 120, table
+    assert max(len(line) for line in table.splitlines()) <= 100, table
     assert "[min-max]" in table and "the median over the" in table
     header = next(line for line in table.splitlines() if line.startswith("arm "))
     assert header.index("speedup [min-max]") < header.index("time, s")
@@ -70,7 +71,7 @@ def test_the_run_table_fits_120_columns_and_labels_its_ranges() -> None:
         if line.startswith("llamacpp/"):
             rows.setdefault(line.split()[0], line)
     assert rows["llamacpp/stream"].endswith(
-        "1.05x [0.95-1.13]  1.07x [0.89-1.23]       26.21                  yes, 3/3"
+        "1.05x [0.95-1.13]  1.07x [0.89-1.23]       26.21            yes, 3/3"
     )
     assert rows["llamacpp/crn"].endswith("NO, 2/3")  # not every chain replayed: said loudly
     assert rows["llamacpp/predictive"].endswith("- (exact in law)")
@@ -140,3 +141,21 @@ def test_presto_compare_says_why_the_stream_walk_waited_too() -> None:
     arm = _arm("e/stream", budget_wait_s=1.2, rewrite_wait_s=20.3, budget_refusals=3)
     text = format_comparison({"arms": [_arm("e/sequential"), arm]})
     assert "e/stream: the walk waited 26.21 s: 1.20 s" in text
+
+
+def test_presto_compare_fits_100_columns_whatever_the_number_of_arms() -> None:
+    """Issue 47: arms are columns, so six arms made a table of ~330 columns. A wide table is
+    printed as blocks of its columns, each repeating the row labels, and loses no cell."""
+    from presto_client.reporting.compare import format_comparison
+
+    names = ["sequential", "stream", "crn", "predictive", "bfs", "stream_short"]
+    arms = [_arm(f"a-long-engine-name/{n}", tokens_generated=1000 + i) for i, n in enumerate(names)]
+    text = format_comparison({"arms": arms})
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 100, text
+    for i, n in enumerate(names):  # every arm's column, with its own cells
+        head = next(line for line in lines if f"a-long-engine-name/{n} " in line + " ")
+        block = lines[lines.index(head) :]
+        row = next(line for line in block if line.startswith("tokens generated"))
+        assert str(1000 + i) in row
+    assert sum(line.startswith("tokens generated") for line in lines) >= 2  # blocks: labels again
