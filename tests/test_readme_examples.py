@@ -54,3 +54,25 @@ def test_python_api_block_runs_against_a_vllm_server(tmp_path: Path) -> None:
     assert requests.get("/tokenize") == 1 and requests.get("/detokenize") == 1
     assert requests.get("/v1/completions", 0) > 1
     assert stats.startswith("{") and "accept" in stats
+
+
+def test_the_demo_scripts_gpu_model_part_runs_as_written(tmp_path: Path) -> None:
+    """``scripts/demo.sh``'s second part (issue 47), its options as the script gives them, on a
+    faster clock and one prompt: it prints the speed-up table, with the replay column."""
+    script = (ROOT / "scripts" / "demo.sh").read_text(encoding="utf-8").replace("\\\n", " ")
+    line = next(x for x in script.splitlines() if "-m benchmarks.bench_stream" in x)
+    args = line.split("-m benchmarks.bench_stream", 1)[1].split()
+    args[args.index("--out") + 1] = str(tmp_path / "out")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_stream", *args]
+        + ["--time-scale", "0.05", "--prompts", "1", "--T", "32", "--K", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [x for x in proc.stdout.splitlines() if x.startswith("| stream@auto |")]
+    assert rows and rows[0].split("|")[7].strip() == "1/1", proc.stdout  # replays sequential
+    assert "prompt 0" not in proc.stdout  # --quiet: the tables only
