@@ -30,6 +30,7 @@ from presto_client.backends.spec import EngineSpec, ProbeReport
 from presto_client.backends.transport import Transport
 from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
 from presto_client.errors import (
+    EngineError,
     EngineRequestError,
     EngineUnavailableError,
     InvalidResponseError,
@@ -39,6 +40,11 @@ from presto_client.terminal_text import server_text
 
 # The engine's logger: what a user filters on is the engine, not the module of its probe.
 logger = logging.getLogger("presto_client.backends.http_engine")
+
+
+_KIND_SIGNS = {"llamacpp": ("/props", "total_slots"), "sglang": ("/get_model_info", "model_path")}
+"""Where a kind of server says what it is: its own endpoint, and a key only it answers."""
+_KIND_NAMES = {"llamacpp": "llama.cpp's llama-server", "sglang": "SGLang"}
 
 
 @dataclass
@@ -150,9 +156,16 @@ class Probe:
         except InvalidResponseError as exc:
             if exc.engine:
                 raise
+            kind = await self._other_kind()
+            fix = (
+                f"it answers as {_KIND_NAMES[kind]} does: give --backend {kind} "
+                f"(engines[].kind: {kind})"
+                if kind is not None
+                else "check the server's log (and its precision: bf16 with batch invariance on a "
+                "GPU, float32 on a CPU)"
+            )
             raise ProbeError(  # the parsers are pure and do not know the engine's name
-                f"{self.base_url} gave the probe an unusable answer: {exc}. Check the server's "
-                "log (and its precision: bf16 with batch invariance on a GPU, float32 on a CPU)",
+                f"{self.base_url} gave the probe an unusable answer: {exc}; {fix}",
                 engine=self.name,
             ) from exc
         for warning in report.warnings:
@@ -168,6 +181,20 @@ class Probe:
             report.max_abs_logprob_diff or 0.0,
         )
         return report
+
+    async def _other_kind(self) -> str | None:
+        """The backend this server answers as when it is not the configured one: each kind's
+        own endpoint, asked once its answer failed the configured dialect's parser."""
+        for kind, (path, key) in _KIND_SIGNS.items():
+            if kind == self.adapter.traits.dialect:
+                continue
+            try:
+                body = await self.transport.request_json("GET", path, label="server kind")
+            except EngineError:  # (no such endpoint, or not this kind's answer)
+                continue
+            if isinstance(body, dict) and key in body:
+                return kind
+        return None
 
     async def _probe_semantics(self, model: str, report: ProbeReport) -> None:
         request = ProposalRequest(

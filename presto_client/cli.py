@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parse and validate a job config and describe the chains it would run.",
     )
     _config_options(validate)
+    cli_quick_run.add_options(validate)  # (what `presto run` would run, flags and all)
     validate.add_argument("--output", "-o", metavar="DIR", help="run directory to check")
     validate.add_argument(
         "--probe", action="store_true", help="also contact the engines and probe them"
@@ -489,6 +490,8 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     print(describe_plan(cfg, plan, finished=len(done)), file=out)
     if not_loaded:
         print(f"  {not_loaded}", file=out)
+    elif prompts:  # (what the engine is sent, seen before any compute is spent)
+        print(f"  {first_prompt_text(cfg, prompts[0])}", file=out)
     if args.probe:
         from presto_client.orchestration.engines.opening import probe_job
 
@@ -496,6 +499,15 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
         print("probe:", file=out)
         print("\n".join(lines), file=out)
     return EXIT_OK
+
+
+def first_prompt_text(cfg: Any, prompt: Any) -> str:
+    """The first prompt as the job renders it (its template filled), in one escaped line."""
+    if prompt.text is None:
+        return f"first prompt: token ids {list(prompt.token_ids or ())[:16]}"
+    text = prompt.text if len(prompt.text) <= 300 else prompt.text[:297] + "..."
+    where = " (the server's chat template wraps it)" if cfg.prompts.chat_template else ""
+    return f"first prompt{where}: {text!r}"
 
 
 def cmd_serve_embedded(args: argparse.Namespace, out: TextIO) -> int:

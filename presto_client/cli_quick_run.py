@@ -162,7 +162,11 @@ def _apply_flags(data: dict[str, Any], args: argparse.Namespace, *, fresh: bool)
     if dataset:
         for key in ("texts", "token_ids", "file", "dataset", "answers"):
             prompts.pop(key, None)
-        spec: dict[str, Any] = {"path": dataset} if looks_local(dataset) else {"name": dataset}
+        # (A file named on the command line is where the user is, not where the config is.)
+        local = looks_local(dataset)
+        spec: dict[str, Any] = (
+            {"path": str(Path(dataset).expanduser().resolve())} if local else {"name": dataset}
+        )
         prompts["dataset"] = spec
     if isinstance(prompts.get("dataset"), dict):
         if _flag(args, "dataset_config"):
@@ -171,6 +175,9 @@ def _apply_flags(data: dict[str, Any], args: argparse.Namespace, *, fresh: bool)
             prompts["dataset"]["split"] = args.split
     elif _flag(args, "dataset_config") or _flag(args, "split"):
         raise ConfigError("--dataset-config and --split apply to a dataset (--dataset)")
+    replaces_template = _flag(args, "field") is not None and _flag(args, "template") is None
+    if replaces_template and prompts.pop("template", None) is not None:  # (else it wins silently)
+        progress.info("--field %s replaces the config's prompts.template", args.field)
     for flag, key in (
         ("field", "field"),
         ("answer_field", "answer_field"),

@@ -472,8 +472,8 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
 
     order = [a for a in arm_order if a in quality] + [a for a in quality if a not in arm_order]
     ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})})
-    header = ["arm", "graded", "accuracy [95% CI]", *(f"pass@{k}" for k in ks)]
-    header += ["vs baseline (+/-, McNemar p)", "tokens/answer", "call s/answer"]
+    header = ["arm", "graded", "accuracy\n[95% CI]", *(f"pass@{k}" for k in ks)]
+    header += ["vs baseline\n(+/-, McNemar p)", "tokens/\nanswer", "call s/\nanswer"]
     rows = []
     for arm in order:
         q = quality[arm]

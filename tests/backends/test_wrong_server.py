@@ -146,3 +146,26 @@ async def test_the_other_dialect_is_named_and_the_engine_once() -> None:
     assert "an SGLang server (kind: sglang)" in text and "fix `kind`" in text
     assert text.startswith("[gw] ") and text.count("[gw]") == 1
     await e.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_llama_server_probed_as_vllm_is_named_with_the_flag_that_fixes_it() -> None:
+    """Issue 46: without ``--backend llamacpp`` a llama-server failed the probe with a hint at
+    float32; its own endpoint (/props) now says what it is, and the error says the fix."""
+
+    def llama_server(request: Sent) -> Answer:
+        if request.path == "/health":
+            return json_answer(200, {"status": "ok"})
+        if request.path == "/v1/models":
+            return json_answer(200, {"object": "list", "data": [{"id": "m"}]})
+        if request.path == "/props":
+            return json_answer(200, {"total_slots": 4, "eos_token": "<|im_end|>"})
+        # its OpenAI-compatible completions: no token_logprobs/top_logprobs
+        return json_answer(200, {"choices": [{"text": "hi", "index": 0, "logprobs": None}]})
+
+    e = engine(llama_server)
+    with pytest.raises(EngineError) as info:
+        await e.probe()  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "llama.cpp's llama-server" in text and "--backend llamacpp" in text
+    assert "float32" not in text
+    await e.aclose()  # type: ignore[attr-defined]

@@ -193,3 +193,49 @@ async def test_llamacpp_job_without_eos_token_id_stops_at_the_eos_the_server_sta
     assert stopped, [r["stats"]["blocks_run"] for r in rows]
     for r in stopped:
         assert r["token_ids"][-1] == IM_END and r["stats"]["blocks_run"] < 8
+
+
+@pytest.mark.llamacpp
+async def test_the_defaults_against_a_slotted_llama_server_finish_with_no_retry(
+    llamacpp_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 46: with the default max_concurrency (then 64, now 32) against a server of 4
+    slots, requests waited in the server's queue, ran into their timeout and were retried onto
+    the same queue.
+    The client now keeps what the slots cannot take: 8 stream chains speculating at once finish
+    with not one retry. (On this small model the server's queue stays short even without the
+    client's gate: the test that fails without it is test_llamacpp_adapter's
+    test_requests_wait_for_a_free_slot_in_the_client_not_in_the_servers_queue.)"""
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [
+                    {
+                        "kind": "llamacpp",
+                        "name": "llamacpp",
+                        "base_url": llamacpp_server,
+                        "request_timeout_s": 30.0,
+                    }
+                ],
+                "prompts": {"texts": QUESTIONS, "chat_template": True},
+                "sampler": {
+                    "alpha": 4.0,
+                    "block_size": 16,
+                    "num_blocks": 2,
+                    "steps_per_block": 3,
+                    "traversals": ["stream"],
+                },
+                "chains_per_prompt": 4,
+                "seed": 5,
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    cfg = load_job_config(config)
+    assert cfg.engines[0].max_concurrency > 4 and cfg.max_active_chains is None  # defaults
+    with caplog.at_level("WARNING"):
+        result = await run_job_async(make_plan(cfg, load_prompts(cfg)))
+    assert result.completed == 2 * 4 and result.failed == 0
+    said = [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert not [m for m in said if "retry" in m.lower() or "timed out" in m.lower()], said

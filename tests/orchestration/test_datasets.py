@@ -359,3 +359,27 @@ def test_the_hub_path_of_the_loader_on_a_local_dataset_folder(
         dataset_loader.load_hub(DatasetConfig(name=str(folder)))
     with pytest.raises(ConfigError, match="no split 'dev'"):
         dataset_loader.load_hub(DatasetConfig(name=str(folder), split="dev"))
+
+
+def test_an_unreachable_hub_is_said_at_once_naming_the_flag(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 46: offline, ``datasets`` retried for 27 s with a dozen warnings before the error,
+    which named the config field, not the flag. The Hub's host is asked first (3 s at most):
+    not cached, the error comes at once and names ``--dataset FILE``; cached, the cache is read
+    offline."""
+    monkeypatch.setattr(dataset_loader, "hub_reachable", lambda *a, **k: False)
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # (unset: restored after the test)
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError) as err:
+        dataset_loader.load_hub(DatasetConfig(name="HuggingFaceH4/MATH-500", split="test"))
+    text = str(err.value)
+    assert "no connection to the Hub within 3 s" in text and "--dataset FILE" in text
+    assert os.environ["HF_DATASETS_OFFLINE"] == ""  # nothing changed where nothing is cached
+
+    (tmp_path / "cache" / "HuggingFaceH4___math-500" / "default").mkdir(parents=True)
+    monkeypatch.setattr(dataset_loader, "_import_datasets", lambda what: pytest.fail("stop"))
+    with pytest.raises(pytest.fail.Exception):
+        dataset_loader.load_hub(DatasetConfig(name="HuggingFaceH4/MATH-500", split="test"))
+    assert os.environ["HF_DATASETS_OFFLINE"] == os.environ["HF_HUB_OFFLINE"] == "1"

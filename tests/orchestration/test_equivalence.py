@@ -151,7 +151,10 @@ def test_summary_pairs_by_prompt_and_chain_per_engine() -> None:
     assert pooled["baseline_sd"] == pytest.approx(statistics.stdev(base_vals.values()))
 
     table = format_side_by_side(summary)
-    lines = {line.split("  ")[0]: line for line in table.splitlines()}
+    lines: dict[str, str] = {}  # (a wide table comes in blocks of columns: a row's parts joined)
+    for line in table.splitlines():
+        label = line.split("  ")[0]
+        lines[label] = lines.get(label, "") + line
     assert "likelihood equiv. (TOST)" in lines and "confidence equiv. (TOST)" in lines
     row = lines["likelihood equiv. (TOST)"]
     assert "(base)" in row and "yes d=+0.000 [0.000, 0.000]" in row and "no d=+1.000" in row

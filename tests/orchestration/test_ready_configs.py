@@ -181,3 +181,24 @@ def test_unknown_names_are_refused() -> None:
         load(build_parser().parse_args(["run", "math600"]), [])
     with pytest.raises(ConfigError, match="give a CONFIG"):
         load(argparse.Namespace(config=None, dataset=None), [])
+
+
+def test_a_researchers_first_commands_mean_what_they_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 46: a relative ``--dataset`` is where the user is (it was the packaged config's
+    folder); ``--field`` over a ready config's template replaces it, saying so (the template
+    won silently); ``--set prompts.template={problem}`` is text (YAML read a mapping)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g2.jsonl").write_text(json.dumps({"question": "What is 2+2?", "answer": "4"}))
+    parser = build_parser()
+    args = parser.parse_args(["run", "gsm8k", "--dataset", "g2.jsonl", "--field", "question"])
+    with caplog.at_level("INFO", logger="presto_client.progress"):
+        prompts = load_prompts(load(args, []))
+    assert [p.text for p in prompts] == ["What is 2+2?"]
+    assert "--field question replaces the config's prompts.template" in caplog.text
+    args = parser.parse_args(["run", "gsm8k", "--dataset", "g2.jsonl"])
+    cfg = load(args, ["prompts.template=Q: {question}"])
+    assert load_prompts(cfg)[0].text == "Q: What is 2+2?"
+    cfg = load(args, ["prompts.template={question}"])
+    assert cfg.prompts.template == "{question}" and load_prompts(cfg)[0].text == "What is 2+2?"

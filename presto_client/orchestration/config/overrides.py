@@ -12,6 +12,10 @@ import yaml
 
 from presto_client.errors import ConfigError
 
+TEXT_FIELDS = frozenset({"template", "system_prompt"})
+"""Fields that hold text: a value YAML reads as something else (``{problem}`` is a mapping in
+YAML) is taken as written."""
+
 
 def parse_path(path: str) -> list[str | int]:
     """``engines[1].base_url`` / ``engines.1.base_url`` → ``["engines", 1, "base_url"]``."""
@@ -34,6 +38,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     try:
         path = parse_path(key)
         value = yaml.safe_load(raw) if raw.strip() else None
+        if path[-1] in TEXT_FIELDS and value is not None and not isinstance(value, str):
+            value = raw.strip()
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(
             f"bad override {override!r}: {exc}; expected KEY=VALUE, e.g. --set sampler.alpha=4"

@@ -221,7 +221,8 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
             if e.eos_token_id is None and e.takes_text:
                 lines.append(
                     f"  engine {e.name}: no eos_token_id in the config: its EOS is asked of the "
-                    "server's chat template before any chain runs (where the server cannot "
+                    "server before any chain runs (where it states one, else of its chat "
+                    "template; where neither can "
                     "tell, its chains run every block; engines[].eos_token_id sets it)"
                 )
             elif e.eos_token_id is None:

@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,14 +275,46 @@ def hub_cached(name: str) -> bool:
     return False
 
 
+HUB_PROBE_S = 3.0
+"""How long the Hub may take to accept a connection before presto reads the cache offline
+(``datasets`` itself retries for ~30 s, a warning a try)."""
+
+
+def hub_reachable(timeout_s: float = HUB_PROBE_S) -> bool:
+    """Whether the Hub's host (``HF_ENDPOINT``'s, default huggingface.co) accepts a connection
+    within ``timeout_s``, name resolution included (run in a thread: it has no timeout)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as Late
+    from urllib.parse import urlsplit
+
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+
+    def connect() -> bool:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError:
+            return False
+        return True
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(connect).result(timeout=timeout_s)
+    except Late:
+        return False
+    finally:
+        pool.shutdown(wait=False)
+
+
 def _offline_error(dataset: DatasetConfig, why: str) -> ConfigError:
     mode = " (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)" if _offline_env() else ""
     return ConfigError(
         f"prompts.dataset: {dataset.label()} is not in the local Hugging Face cache "
         f"({hf_datasets_cache()}) and the Hub cannot be reached{mode}: {why}; download it once "
         'where the Hub is reachable (python -c "import datasets; datasets.load_dataset('
-        f"'{dataset.name}'{_args(dataset)})\") or point prompts.dataset at a local file (JSONL, "
-        "JSON, parquet, CSV) or a saved dataset directory"
+        f"'{dataset.name}'{_args(dataset)})\") or give a local file: --dataset FILE "
+        "(prompts.dataset.path; JSONL, JSON, parquet, CSV or a saved dataset directory) with the "
+        "dataset's columns (those the prompt template and answer_field name)"
     )
 
 
@@ -325,6 +358,12 @@ def load_hub(dataset: DatasetConfig) -> LoadedRows:
     """The rows of a Hub dataset's split, through ``datasets`` (downloaded once, then cached);
     the commit it resolved is recorded in the rows' identity."""
     assert dataset.name is not None
+    local = Path(dataset.name).expanduser().exists()  # (datasets reads a folder by its path)
+    if not local and not _offline_env() and not hub_reachable():
+        if not hub_cached(dataset.name):
+            raise _offline_error(dataset, f"no connection to the Hub within {HUB_PROBE_S:g} s")
+        # (datasets reads these when imported: set first, the cache is read without retries)
+        os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
     datasets = _import_datasets(f"the Hugging Face dataset {dataset.name}")
     try:
         builder = datasets.load_dataset_builder(
