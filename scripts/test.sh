@@ -3,7 +3,8 @@
 #
 #   bash scripts/test.sh            # all tiers: fast, slow (statistical), embedded, real vLLM
 #   bash scripts/test.sh --fast     # the fast tier: the venv and the package (extra dev) only,
-#                                   # no engine set-up; the tiers that need one are deselected
+#                                   # no engine set-up; the tiers that need one are deselected;
+#                                   # on every core (pytest-xdist)
 #
 # 1. a virtual environment .venv with the package and its extras (dev, plots, embedded, and
 #    grading + eval so that the math-verify graders and the lm-eval model are tested, not skipped,
@@ -32,7 +33,7 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   echo "== the fast tier: installing presto-client with extra dev (no engine set-up)" >&2
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-  exec .venv/bin/python -m pytest -rs "${durations[@]}" \
+  exec .venv/bin/python -m pytest -rs "${durations[@]}" -n auto \
     -m "not slow and not vllm and not embedded and not llamacpp and not gateway and not ray" "$@"
 fi
 echo "== installing presto-client with extras dev, plots, fit, embedded, grading, eval, datasets, ray" >&2
