@@ -107,6 +107,8 @@ class RunDirSink:
         self.sampler_name = sampler_name
         self.grader = grader
         self.started = time.time()
+        self._grading: set[asyncio.Task[None]] = set()
+        """Finished chains being graded (written once graded: :meth:`drain` waits for them)."""
 
     def chain_started(self, spec: ChainSpec, replica: int) -> None:
         return None
@@ -160,18 +162,32 @@ class RunDirSink:
             if result.alternatives:
                 row["alternatives"] = [list(ids) for ids in result.alternatives]
                 row["alternative_texts"] = outcome.alternative_texts
-            if self.grader is not None:
-                grade = self.grader.grade(
-                    spec.prompt_index,
-                    outcome.text,
-                    result.token_ids,
-                    alternatives=_alternatives(result.alternatives, outcome.alternative_texts),
-                )
-                if grade is not None:
-                    row["grade"] = grade
             row["stats"] = result.stats.as_dict()
             row["transitions"] = [transition_row(t) for t in result.transitions]
+            if self.grader is not None:  # (graded off the loop, then written)
+                task = asyncio.get_running_loop().create_task(self._graded(outcome, row))
+                self._grading.add(task)
+                task.add_done_callback(self._grading.discard)
+                return
         self.run.append_sample(row)
+
+    async def _graded(self, outcome: ChainOutcome, row: dict[str, Any]) -> None:
+        result = outcome.result
+        assert self.grader is not None and result is not None
+        grade = await self.grader.grade(
+            outcome.spec.prompt_index,
+            outcome.text,
+            result.token_ids,
+            alternatives=_alternatives(result.alternatives, outcome.alternative_texts),
+        )
+        if grade is not None:
+            row["grade"] = grade
+        self.run.append_sample(row)
+
+    async def drain(self) -> None:
+        """Wait for the chains being graded to be written (each within the grader's limit)."""
+        while self._grading:
+            await asyncio.gather(*self._grading)
 
 
 @dataclass(slots=True)
@@ -384,11 +400,12 @@ async def _run_chains(
         }
         before = {n: await read_prefix_cache_counters(h) for n, h in engines.items()}
         stopping = True  # (interrupted or failed, until the executor returns)
+        written = RunDirSink(run, settings.sampler_name, grader)
         try:
             ran = await executor.run(
                 specs,
                 pools=pools,
-                sinks=[RunDirSink(run, settings.sampler_name, grader), *sinks],
+                sinks=[written, *sinks],
                 finish=_text_decoder(engines),
                 settings=settings,
             )
@@ -397,7 +414,12 @@ async def _run_chains(
         except JobFailedError as exc:
             raise JobFailedError(f"{exc}\n{_resume_note(run)}") from None
         finally:
-            await _record_prefix_cache(run, engines, before, stopping=stopping)
+            try:
+                await written.drain()  # (finished chains are kept, graded, whatever ended the job)
+            finally:
+                if grader is not None:
+                    grader.close()
+                await _record_prefix_cache(run, engines, before, stopping=stopping)
 
 
 async def _open_used_engines(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from orch_helpers import PROMPTS, make_config
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.loading import load_job_config, load_prompts
 from presto_client.orchestration.job import run_job_async
+from presto_client.orchestration.planning.planned import GraderSpec
+from presto_client.orchestration.results import quality
 from presto_client.orchestration.results.eval_stats import pass_at_k
 from presto_client.reporting.tables import format_summary_table
 from tests.support.plans import plan_of
@@ -33,8 +36,15 @@ def graded_config(out: Path, **changes: Any) -> Any:
     )
 
 
-async def test_grades_stored_once_and_summarised(tmp_path: Path) -> None:
-    graded_helpers.CALLS.clear()
+@pytest.fixture
+def grader_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the test grader counts its calls (it runs in a process of its own)."""
+    path = tmp_path / "grader-calls.jsonl"
+    monkeypatch.setenv(graded_helpers.CALLS_ENV, str(path))
+    return path
+
+
+async def test_grades_stored_once_and_summarised(tmp_path: Path, grader_calls: Path) -> None:
     cfg = graded_config(tmp_path / "run", chains_per_prompt=3)
     plan = plan_of(cfg)
     result = await run_job_async(plan)
@@ -44,7 +54,7 @@ async def test_grades_stored_once_and_summarised(tmp_path: Path) -> None:
         first = str(s["token_ids"][0])
         want = first == ANSWERS[s["prompt_index"]]
         assert s["grade"] == {"correct": want, "extracted": first}
-    assert len(graded_helpers.CALLS) == len(samples)
+    assert len(graded_helpers.calls()) == len(samples)
 
     quality = result.summary["quality"]
     assert set(quality) == {"ref/sequential", "ref/crn"}
@@ -76,10 +86,10 @@ async def test_grades_stored_once_and_summarised(tmp_path: Path) -> None:
     assert "Answer quality" in format_summary_table(result.summary)
 
     # a resume grades nothing again and keeps the grades
-    graded_helpers.CALLS.clear()
+    grader_calls.unlink()  # noqa: ASYNC240 (a small file, in a test)
     again = await run_job_async(plan_of(graded_config(tmp_path / "run", chains_per_prompt=3)))
     assert again.skipped == len(plan.chains)
-    assert graded_helpers.CALLS == []
+    assert graded_helpers.calls() == []
     assert lines(tmp_path / "run" / "samples.jsonl") == samples
     assert again.summary["quality"] == result.summary["quality"]
 
@@ -210,3 +220,49 @@ async def test_compare_table_shows_answer_quality(tmp_path: Path) -> None:
     assert "ref/low_temperature" in quality and "McNemar" in quality
     plain = await run_job_async(plan_of(make_config(tmp_path / "plain")))
     assert "Answer quality" not in format_comparison(plain.summary)
+
+
+async def test_a_grader_that_hangs_costs_one_grade_not_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48, item 5: ``--grader 'regex: (.+)+\\d'`` froze a job (0 of 5 chains in 90 s):
+    graders ran on the event loop. They run in a process of their own, each answer within a
+    limit: a grader that hangs is stopped, its answer graded wrong saying why, and the job's
+    other chains are graded as usual."""
+    monkeypatch.setattr(quality, "GRADE_LIMIT_S", 1.0)
+    cfg = make_config(
+        tmp_path / "run",
+        prompts={"token_ids": PROMPTS, "answers": ANSWERS},
+        grader="python: graded_helpers:sleepy",
+        sampler={"traversals": ["sequential"]},
+    )
+    plan = plan_of(cfg)
+    result = await run_job_async(plan)
+    assert result.completed == len(plan.chains) and result.failed == 0
+    grades = [s["grade"] for s in lines(tmp_path / "run" / "samples.jsonl")]
+    assert len(grades) == len(plan.chains)
+    hung = [g for g in grades if "error" in g]
+    assert hung and all("longer than 1 s" in g["error"] and not g["correct"] for g in hung)
+    assert len(hung) < len(grades)  # the others were graded by a fresh process
+
+
+async def test_a_backtracking_regex_leaves_the_event_loop_free() -> None:
+    process = quality.GraderProcess(GraderSpec("regex", pattern=r"(.+)+\d"), limit_s=1.0)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        status, why = await process.grade("a" * 40, "7")  # 2**40 ways to fail
+        assert status == "timeout" and "longer than 1 s" in why
+        assert ticks > 20  # the loop ran on while the regex did
+        status, grade = await process.grade("7", "7")  # a new process: graded as usual
+        assert status == "ok" and "correct" in grade
+    finally:
+        ticker.cancel()
+        process.close()

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import graded_helpers
 from orch_helpers import PROMPTS, make_config
 
 from presto_client.orchestration.job import run_job_async
@@ -21,7 +20,6 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 async def test_sampling_baselines_run_beside_the_mh_arms_and_are_graded(tmp_path: Path) -> None:
-    graded_helpers.CALLS.clear()
     cfg = make_config(
         tmp_path / "run",
         prompts={"token_ids": PROMPTS, "answers": ANSWERS},

@@ -2,16 +2,22 @@
 
 A chain is graded once, when it finishes (:class:`ChainGrader`, used by the job's sink); its
 ``grade`` (``correct``, ``extracted``) is stored in its samples.jsonl line, so a resumed run never
-grades a finished chain again. :func:`quality_summary` turns the graded lines of a run into, per
-arm: accuracy with a 95 % Wilson interval, the exact McNemar test against the baseline arm of the
-same engine (paired by prompt and chain), unbiased pass@k over the chains of each prompt, and
-tokens and model-call time per answer. Runs without grades get no quality section.
+grades a finished chain again. A grader is user code (a regex, a python function, math-verify on
+any text a model wrote): it runs in a process of its own (:class:`GraderProcess`), one answer at a
+time within :data:`GRADE_LIMIT_S`, so the job's event loop never waits on it and a grader that
+hangs costs one answer's grade, not the job. :func:`quality_summary` turns the graded lines of a
+run into, per arm: accuracy with a 95 % Wilson interval, the exact McNemar test against the
+baseline arm of the same engine (paired by prompt and chain), unbiased pass@k over the chains of
+each prompt, and tokens and model-call time per answer. Runs without grades get no quality section.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import multiprocessing
 from collections.abc import Iterable, Mapping, Sequence
+from multiprocessing.connection import Connection
 from typing import Any
 
 from presto_client.orchestration.planning.planned import GraderSpec
@@ -21,15 +27,95 @@ from presto_client.orchestration.results.grading import GraderFn, build_grader
 log = logging.getLogger(__name__)
 
 
+GRADE_LIMIT_S = 10.0
+"""The longest one answer's grading may take; past it the grader's process is killed (a regex
+that backtracks for ever, a function that hangs) and the answer graded wrong, saying why."""
+
+
+def _grader_worker(config: GraderSpec, conn: Connection) -> None:
+    """The grader's process: (text, reference) in, ``("ok", grade)`` or ``("error", why)`` out."""
+    fn = build_grader(config)
+    while True:
+        try:
+            text, reference = conn.recv()
+        except EOFError:  # the job closed its end
+            return
+        try:
+            conn.send(("ok", fn(text, reference).as_dict()))
+        except Exception as exc:  # a user grader's bug must not lose the chain
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class GraderProcess:
+    """A grader in a process of its own, one answer at a time, each within ``limit_s``.
+
+    Not a thread: a backtracking regex holds the GIL (and so the event loop) for as long as it
+    runs, and a thread cannot be stopped. The process starts at the first answer (spawned: a
+    fork would copy the job's event loop and threads) and again after one is killed."""
+
+    def __init__(self, config: GraderSpec, limit_s: float | None = None) -> None:
+        self.config = config
+        self.limit_s = GRADE_LIMIT_S if limit_s is None else limit_s
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def grade(self, text: str, reference: str) -> tuple[str, Any]:
+        """``("ok", grade dict)``, ``("error", why)`` or ``("timeout", why)``."""
+        async with self._lock:
+            if self._conn is None or not self._proc.is_alive():
+                self._start()
+            conn = self._conn
+            assert conn is not None
+            try:
+                conn.send((text, reference))
+                # (the wait in a thread: the loop goes on meanwhile)
+                ready = await asyncio.to_thread(conn.poll, self.limit_s)
+                if ready:
+                    status, value = conn.recv()
+                    return str(status), value
+            except asyncio.CancelledError:
+                self.close()  # (its answer would be read as the next one's)
+                raise
+            except (EOFError, OSError) as exc:  # the process died under the answer
+                self.close()
+                return "error", f"the grader's process ended: {exc or type(exc).__name__}"
+            self.close()
+            return "timeout", f"grading took longer than {self.limit_s:g} s: stopped"
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        here, there = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_grader_worker, args=(self.config, there), daemon=True, name="presto-grader"
+        )
+        self._proc.start()
+        there.close()
+        self._conn = here
+
+    def close(self) -> None:
+        """Stop the process (a later answer starts another)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+
 class ChainGrader:
-    """Grades finished chains against their prompt's reference answer."""
+    """Grades finished chains against their prompt's reference answer (in :attr:`process`)."""
 
     def __init__(self, config: GraderSpec, answers: Mapping[int, str | None]) -> None:
         self.config = config
-        self.fn: GraderFn = build_grader(config)
+        self.fn: GraderFn = build_grader(config)  # (here too: a bad grader is refused at start)
         self.answers = dict(answers)
+        self.process = GraderProcess(config)
 
-    def grade(
+    def close(self) -> None:
+        self.process.close()
+
+    async def grade(
         self,
         prompt_index: int,
         text: str | None,
@@ -46,11 +132,11 @@ class ChainGrader:
         reference = self.answers.get(prompt_index)
         if reference is None:
             return None
-        first = self._grade_one(prompt_index, text, token_ids, reference)
+        first = await self._grade_one(prompt_index, text, token_ids, reference)
         if not alternatives:
             return first
         grades = [first] + [
-            self._grade_one(prompt_index, t, ids, reference) for t, ids in alternatives
+            await self._grade_one(prompt_index, t, ids, reference) for t, ids in alternatives
         ]
         winner = majority(grades)
         if not winner:
@@ -63,15 +149,15 @@ class ChainGrader:
             "any_correct": any(bool(g.get("correct")) for g in grades),
         }
 
-    def _grade_one(
+    async def _grade_one(
         self, prompt_index: int, text: str | None, token_ids: Sequence[int], reference: str
     ) -> dict[str, Any]:
         answer_text = text if text is not None else " ".join(str(t) for t in token_ids)
-        try:
-            return self.fn(answer_text, reference).as_dict()
-        except Exception as exc:  # a user grader's bug must not lose the chain
-            log.warning("grader %s failed on prompt %d: %s", self.config.label(), prompt_index, exc)
-            return {"correct": False, "extracted": None, "error": f"{type(exc).__name__}: {exc}"}
+        status, value = await self.process.grade(answer_text, reference)
+        if status == "ok":
+            return dict(value)
+        log.warning("grader %s failed on prompt %d: %s", self.config.label(), prompt_index, value)
+        return {"correct": False, "extracted": None, "error": str(value)}
 
 
 def _pass_ks(max_n: int) -> list[int]:
