@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-HEALTH_TTL_S = 1.0
-"""How long one check of the upstream's health answers ``/health``."""
+RETRY_AFTER_LOST_S = 5
+"""The Retry-After of a request stopped because its upstream is unreachable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +159,6 @@ class Service:
         if engine.upstream_model:
             self.models.add(engine.upstream_model)
         self._key = options.api_key.encode() if options.api_key else None
-        self._health_task: asyncio.Future[str | None] | None = None
-        self._health_at = 0.0
         self._cut = asyncio.Event()
         self.watch = ServerWatch()
         """The engine's started server, when presto started it (set by ``start_service``)."""
@@ -250,13 +248,7 @@ class Service:
         if self.watch.failed is not None:
             gone = server_gone(self.watch.failed).message
             return _json({"status": "gone", "engine": self.engine.name, "upstream": gone}, 503)
-        now = time.monotonic()
-        if self._health_task is None or (
-            self._health_task.done() and now - self._health_at >= HEALTH_TTL_S
-        ):
-            self._health_at = now
-            self._health_task = asyncio.ensure_future(self.engine.upstream_health())
-        problem = await asyncio.shield(self._health_task)
+        problem = await self.engine.checked_health()
         if problem is not None:
             return _json(
                 {"status": "unavailable", "engine": self.engine.name, "upstream": problem}, 503
@@ -357,7 +349,8 @@ class Service:
             raise self.admission.closing()
         run = asyncio.ensure_future(self.engine.run(batch, on_block))
         cut = asyncio.ensure_future(self._cut.wait())
-        stops: set[asyncio.Future[Any]] = {cut}
+        lost = asyncio.ensure_future(self.engine.unreachable())
+        stops: set[asyncio.Future[Any]] = {cut, lost}
         if self.watch.servers:  # (the engine's server gone for good ends the request too)
             stops.add(asyncio.ensure_future(self.watch.wait()))
         try:
@@ -370,6 +363,13 @@ class Service:
                 await asyncio.gather(run, return_exceptions=True)
         if self.watch.failed is not None and (run.cancelled() or run.exception() is not None):
             raise server_gone(self.watch.failed)
+        if lost.done() and not lost.cancelled() and run.cancelled():
+            raise ApiError(
+                503,
+                f"the upstream engine is unreachable ({lost.result()}): this request was "
+                "stopped; retry (another replica, or this one once its engine is back)",
+                headers={"Retry-After": str(RETRY_AFTER_LOST_S)},
+            )
         if run.cancelled():
             self.cut_requests += 1
             error = self.admission.closing()

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,12 @@ def chain_window(settings: SamplerSettings, traversal: str) -> int | None:
     return settings.method_size(traversal)
 
 
+HEALTH_TTL_S = 1.0
+"""How long one check of the upstream's health answers ``/health``."""
+LOST_AFTER_CHECKS = 2
+"""Checks in a row that find the upstream unreachable before its running requests are failed."""
+
+
 class ServedEngine:
     """The config's first engine, opened, with the bounds every request's chains share."""
 
@@ -116,6 +123,8 @@ class ServedEngine:
         )
         self.engine_slots = FifoSemaphore(handle.max_concurrency)
         self.global_slots = FifoSemaphore(cfg.max_concurrency)
+        self._health: asyncio.Future[str | None] | None = None
+        self._health_at = 0.0
 
     @classmethod
     async def open(
@@ -207,6 +216,28 @@ class ServedEngine:
             given = getattr(first, "vocab_size", None)
             known = int(given) if given is not None else None
         return known
+
+    async def checked_health(self) -> str | None:
+        """:meth:`upstream_health`, checked at most once per :data:`HEALTH_TTL_S` whoever
+        asks (/health needs no key and must not become a way to load the upstream; every
+        running request watches it too, :meth:`unreachable`)."""
+        now = time.monotonic()
+        if self._health is None or (self._health.done() and now - self._health_at >= HEALTH_TTL_S):
+            self._health_at = now
+            self._health = asyncio.ensure_future(self.upstream_health())
+        return await asyncio.shield(self._health)
+
+    async def unreachable(self) -> str:
+        """Returns once the upstream has been unreachable for :data:`LOST_AFTER_CHECKS`
+        checks in a row (a refused connection: its process is gone; a slow answer is not
+        enough), with what is wrong: a running request then fails at once rather than ride
+        out its restart window (a minute of backoff) against a dead port."""
+        misses, problem = 0, None
+        while misses < LOST_AFTER_CHECKS:
+            await asyncio.sleep(HEALTH_TTL_S)
+            problem = await self.checked_health()
+            misses = misses + 1 if problem is not None and "unreachable" in problem else 0
+        return str(problem)
 
     async def upstream_health(self, timeout_s: float = 2.0) -> str | None:
         """``None`` when every replica's server answers its health route with 200 (or the

@@ -275,7 +275,7 @@ time.sleep(600)
 """
 
 
-def test_an_upstream_that_dies_mid_request_is_a_503(tmp_path: Path) -> None:
+def _upstream_process() -> Any:
     import os
     import subprocess
     import sys
@@ -285,9 +285,62 @@ def test_an_upstream_that_dies_mid_request_is_a_503(tmp_path: Path) -> None:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
-    upstream = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", _UPSTREAM], stdout=subprocess.PIPE, text=True, env=env
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_dead_upstream_fails_running_requests_as_soon_as_it_is_known(
+    tmp_path: Path, stream: bool
+) -> None:
+    """Issue 48, item 4: with the upstream killed, /health said 503 at once but a request rode
+    out its restart window (the default: a minute of backoff against a dead port) before its
+    503. The service's health check, once it finds the upstream unreachable twice in a row,
+    now ends the running requests with a 503 naming it: within seconds."""
+    upstream = _upstream_process()
+    try:
+        assert upstream.stdout is not None
+        url = upstream.stdout.readline().strip()
+        data = reference_job(tmp_path / "run")
+        data["engines"] = [{"kind": "vllm", "name": "emu", "base_url": url}]  # the defaults
+        config = write_config(tmp_path / "job.yaml", data)
+        with ServiceThread(load(config)) as service:
+            client = openai.OpenAI(base_url=service.v1, api_key="unused", max_retries=0)
+            errors: list[BaseException] = []
+
+            def ask() -> None:
+                try:
+                    answer = client.completions.create(
+                        model="emu", prompt=[1, 2], seed=1, stream=stream, timeout=120
+                    )
+                    if stream:
+                        list(answer)  # type: ignore[arg-type]
+                except openai.APIError as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=ask)
+            thread.start()
+            engine = service.running.service.engine  # type: ignore[union-attr]
+            deadline = time.monotonic() + 60  # (a deadline: polls are slow under load)
+            while service.call(lambda: engine.in_flight) == 0:
+                assert time.monotonic() < deadline, "the request never reached the engine"
+                threading.Event().wait(0.01)
+            upstream.kill()
+            upstream.wait(timeout=10)
+            killed = time.monotonic()
+            thread.join(timeout=60)
+            said = time.monotonic() - killed
+            assert not thread.is_alive() and errors, "the request outlived its upstream"
+            assert said < 15.0, said  # (2 checks a second apart; the default window is 60 s)
+            assert "upstream engine is unreachable" in str(errors[0]), errors[0]
+    finally:
+        upstream.kill()
+        upstream.wait(timeout=10)
+
+
+def test_an_upstream_that_dies_mid_request_is_a_503(tmp_path: Path) -> None:
+    upstream = _upstream_process()
     try:
         assert upstream.stdout is not None
         url = upstream.stdout.readline().strip()
