@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from presto_client.backends.adapter import RAW, Adapter
 from presto_client.backends.gateways import check_gateway, refused_token_ids
@@ -24,11 +24,14 @@ from presto_client.backends.probe_checks import (
     PROBE_SEED,
     PROBE_TEMPERATURE,
     PROBE_TOKENS,
+    drift_batches,
+    judge_drift,
     judge_semantics,
 )
 from presto_client.backends.spec import EngineSpec, ProbeReport
 from presto_client.backends.transport import Transport
-from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
+from presto_client.concurrency import gather_or_fail
+from presto_client.core.engine_protocol import FloatArray, ProposalRequest, ScoreSpec
 from presto_client.errors import (
     EngineError,
     EngineRequestError,
@@ -148,6 +151,8 @@ class Probe:
                 await self._probe_seeds(model, report)
             if check_scoring and self.adapter.scoring is not None and self.adapter.semantics == RAW:
                 await self._probe_exact_scoring(model, report)
+            if check_scoring and self.adapter.scoring is not None:
+                await self._probe_drift(model, report)
         except EngineRequestError as exc:
             explained = refused_token_ids(gateway, self.adapter.traits.dialect, str(exc))
             if explained is None:
@@ -210,6 +215,34 @@ class Probe:
         generated = check_token_ids(parsed, self.spec.vocab_size, label=label, engine=self.name)
         raw = await self._score_raw(PROBE_PROMPT, generated.token_ids.tolist(), model, "probe")
         judge_semantics(generated, raw, self.adapter, self.spec.vocab_size, report)
+
+    async def _probe_drift(self, model: str, report: ProbeReport) -> None:
+        """The same context scored alone, again, and in the middle of batches of other
+        requests (generations of other prompts and lengths), up to the engine's concurrency:
+        how far its logprobs move with the batch (:func:`judge_drift`)."""
+        prefix, tokens = PROBE_PROMPT[:2], list(PROBE_PROMPT[2:])
+
+        async def scored() -> FloatArray:
+            raw = await self._score_raw(prefix, tokens, model, "probe drift")
+            return raw.logprobs
+
+        async def other(i: int) -> None:
+            # (other prompts and lengths, none longer than the probe's own: a small context fits)
+            prompt = (PROBE_PROMPT * 2)[i % 7 : i % 7 + 2 + i % 7]
+            request = ProposalRequest(prompt, PROBE_TOKENS, 1.0, PROBE_SEED + i, ScoreSpec((1.0,)))
+            call = self.adapter.build_generate(request, model, label="probe drift batch")
+            await self.transport.request_json(
+                "POST", call.path, call.payload, label="probe drift batch"
+            )
+
+        alone = await scored()
+        beside = [(1, await scored())]
+        for size in drift_batches(self.spec.max_concurrency):
+            calls: list[Awaitable[Any]] = [other(i) for i in range(size - 1)]
+            calls.insert((size - 1) // 2, scored())  # (in the middle of the batch)
+            results = await gather_or_fail(calls)
+            beside.append((size, results[(size - 1) // 2]))
+        judge_drift(alone, beside, report)
 
     async def _probe_seeds(self, model: str, report: ProbeReport) -> None:
         request = ProposalRequest(

@@ -104,3 +104,41 @@ def relative_diffs(generated: TokenLogprobs, raw: TokenLogprobs) -> tuple[FloatA
             rel_raw.append(abs(d_gen - d_raw))
             rel_scaled.append(abs(d_gen - d_raw / PROBE_TEMPERATURE))
     return np.asarray(rel_raw, dtype=np.float64), np.asarray(rel_scaled, dtype=np.float64)
+
+
+DRIFT_BATCHES = (2, 8, 32)
+"""Batch sizes the drift probe scores its context in (up to the engine's concurrency)."""
+DRIFT_HINT = (
+    "serve it batch-invariant to replay token for token (vLLM on a GPU: VLLM_BATCH_INVARIANT=1, "
+    "bf16; SGLang: --enable-deterministic-inference; on a CPU: float32)"
+)
+
+
+def drift_batches(max_concurrency: int) -> list[int]:
+    """The probe's batch sizes for an engine of ``max_concurrency`` requests at once."""
+    return sorted({min(b, max_concurrency) for b in DRIFT_BATCHES if min(b, max_concurrency) > 1})
+
+
+def judge_drift(
+    alone: FloatArray, beside: list[tuple[int, FloatArray]], report: ProbeReport
+) -> None:
+    """How far the logprobs of one context move when it is scored beside other requests
+    (``beside``: batch size and logprobs, against ``alone``), written into ``report``: the
+    largest and the median drift in nats per token, and a warning when they are not zero."""
+    diffs = np.concatenate([np.abs(lp - alone) for _, lp in beside]) if beside else np.zeros(0)
+    finite = diffs[np.isfinite(diffs)]
+    worst = float(finite.max()) if finite.size else 0.0
+    if finite.size < diffs.size:  # a token -inf in one batch and finite in another
+        worst = float("inf")
+    report.details["drift_max_nats"] = worst
+    report.details["drift_median_nats"] = float(np.median(finite)) if finite.size else 0.0
+    report.details["drift_batch_max"] = float(max((b for b, _ in beside), default=1))
+    if worst > 0.0:
+        report.warnings.append(
+            f"the server's logprobs change with the batch a request shares: up to {worst:.3g} "
+            f"nats per token (median {report.details['drift_median_nats']:.3g}) in batches of "
+            f"up to {int(report.details['drift_batch_max'])} requests. Chains use the numbers "
+            "it returns (both sides of every ratio from the same call), so each decision is "
+            "the kernel's on those numbers, but a replay of the sequential chain token for "
+            f"token is not expected; {DRIFT_HINT}"
+        )

@@ -743,6 +743,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Traversals side by side on the latency-model server (arms interleaved).",
     )
     parser.add_argument("--profile", choices=("gpu", "cpu"), default="gpu")
+    parser.add_argument(
+        "--cost",
+        default=None,
+        metavar="A_MS,B_MS,PREFILL_US",
+        help="the server's step time, measured (benchmarks.gpu_check), instead of the profile's",
+    )
     parser.add_argument("--time-scale", type=float, default=0.5)
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument(
@@ -882,6 +888,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if args.max_num_seqs is not None:
         server_args += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.cost is not None:
+        server_args += ["--cost", args.cost]
     server_args += ["--model", args.model]
     eos = eos_token_id(args)
     if eos is not None:

@@ -685,6 +685,14 @@ def build_parser() -> argparse.ArgumentParser:
         "cost model (see the module docstring for the profiles and their sources)",
     )
     parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
+    parser.add_argument(
+        "--cost",
+        type=parse_cost,
+        default=None,
+        metavar="A_MS,B_MS,PREFILL_US",
+        help="the profile's step time measured elsewhere (benchmarks.gpu_check): base ms, ms "
+        "per running sequence, us per prefilled token",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8123, help="0: an ephemeral port")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies every cost")
@@ -750,9 +758,24 @@ def eos_from_args(args: argparse.Namespace) -> EosHazard | None:
     return EosHazard(args.eos_token_id, args.eos_hazard, args.eos_temperature)
 
 
+def parse_cost(text: str) -> tuple[float, float, float]:
+    """``A_MS,B_MS,PREFILL_US`` as seconds (``--cost``)."""
+    parts = [float(x) for x in text.split(",")]
+    if len(parts) != 3 or min(parts) < 0:
+        raise argparse.ArgumentTypeError("--cost wants A_MS,B_MS,PREFILL_US, three numbers >= 0")
+    return parts[0] * 1e-3, parts[1] * 1e-3, parts[2] * 1e-6
+
+
 async def _serve(args: argparse.Namespace) -> None:
+    profile: str | CostProfile = args.profile
+    if args.cost is not None:
+        a, b, prefill = args.cost
+        base = PROFILES[args.profile]
+        profile = replace(
+            base, name="measured", step_base_s=a, step_per_seq_s=b, prefill_per_token_s=prefill
+        )
     server = LatencyServer(
-        args.profile,
+        profile,
         time_scale=args.time_scale,
         stream_interval=args.stream_interval,
         max_num_seqs=args.max_num_seqs,

@@ -43,6 +43,7 @@ from presto_client.orchestration.engines.opening import (
     check_lengths,
     engine_identities,
     open_engines,
+    probe_drift,
     read_prefix_cache_counters,
     start_embedded_servers,
 )
@@ -395,6 +396,9 @@ async def _run_chains(
             grader = make_chain_grader(settings.grader, {p.index: p.answer for p in plan.prompts})
         except ValueError as exc:
             raise ConfigError(f"grader: {exc}") from None
+        for name, handle in engines.items():  # (the summary reads it: replay not expected)
+            if (drift := probe_drift(handle)) is not None:
+                run.append_metrics({"engine": name, **drift})
         pools = {
             n: EnginePool(n, h.replicas, h.max_concurrency, h.budgets) for n, h in engines.items()
         }

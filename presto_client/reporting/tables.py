@@ -51,6 +51,9 @@ def _same_cell(arm: Mapping[str, Any]) -> str:
         return "-"
     if not replays(str(arm.get("traversal"))):
         return "- (exact in law)"
+    drift = arm.get("drift_max_nats") or 0.0
+    if identical != pairs and drift > 0:  # (a server that drifts with the batch: not claimed)
+        return f"not expected, {identical}/{pairs}"
     return f"{'yes' if identical == pairs else 'NO'}, {identical}/{pairs}"
 
 
@@ -180,6 +183,13 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
         table += (
             f"\n{RESTART_MARK} the server of {', '.join(restarted)} restarted during the run: "
             "its prefix-cache hit rate covers only what it served after the restart."
+        )
+    drifting = {str(a.get("engine")): a["drift_max_nats"] for a in arms if a.get("drift_max_nats")}
+    for engine, drift in sorted(drifting.items()):
+        table += (
+            f"\nreplay not expected on {engine}: its logprobs drift with the batch by up to "
+            f"{drift:.3g} nats per token (the probe's measure); serve it batch-invariant to "
+            "replay the sequential chain token for token."
         )
     waits = format_stream_waits(arms)
     if waits:

@@ -66,6 +66,7 @@ async def test_probe_tokenizer_and_model(llamacpp_server: str) -> None:
         report = await eng.probe()
         assert report.ok and report.seeds_honoured is True
         assert report.details.get("exact_scoring") == 1.0
+        assert report.details["drift_max_nats"] == 0.0  # -fa on a bf16 KV cache: invariant
         assert report.max_abs_logprob_diff is not None and report.max_abs_logprob_diff < TOL
         ids = await eng.tokenize(TEXTS[0], chat_template=True)
         # SmolLM2's template: <|im_start|>system ... <|im_start|>user ... <|im_start|>assistant

@@ -83,6 +83,7 @@ async def test_probe_real_servers(
     assert report.seeds_honoured is True
     assert report.max_abs_logprob_diff is not None and report.max_abs_logprob_diff < FP32_TOL
     assert raw.capabilities.scoring_call is False  # --max-logprobs 20: no full-vocab scoring
+    assert report.details["drift_max_nats"] == 0.0  # float32 on a CPU: batch-invariant
     print(f"\nprobe raw: {report.details}, max |Δ| {report.max_abs_logprob_diff:.2g}")
     processed = engine(vllm_processed_server, "processed")
     report = await processed.probe()

@@ -143,6 +143,10 @@ def _token_text(token: int) -> str:
     return f"<t{token}>"
 
 
+DRIFT_BATCH_WINDOW_S = 0.005
+"""How long a request of a drifting server waits for others to share its batch."""
+
+
 class EmulationServer:
     """A vLLM- or SGLang-dialect HTTP server over the reference model (a context manager)."""
 
@@ -163,6 +167,7 @@ class EmulationServer:
         tokenizer: bool = False,
         end_of_turn_token_id: int | None = None,
         checked_vocab_size: int | None = None,
+        drift_nats: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -188,6 +193,11 @@ class EmulationServer:
         """The vocabulary the server checks ids against (prompt ids, ``logit_bias``) and
         states in its refusals; another than the model's makes a hostile server whose answers
         hold ids past the vocabulary it says it has."""
+        self.drift_nats = drift_nats
+        """A bf16 server without batch invariance: every returned row's logits moved by up to
+        this much, by a deterministic function of the context and of how many generation
+        requests are in flight (the batch it shares). 0: batch-invariant."""
+        self.in_flight = 0
         self.faults = Faults()
         self.stats = Stats()
         self._cache_blocks: set[tuple[int, ...]] = set()
@@ -250,11 +260,26 @@ class EmulationServer:
 
     def rows(self, context: Sequence[int], token_ids: Sequence[int]) -> FloatArray:
         with self._model_lock:
-            return self.model.rows(context, token_ids)
+            rows = self.model.rows(context, token_ids)
+        if not self.drift_nats:
+            return rows
+        full = [*context, *token_ids]
+        return np.stack([self.drifted(full[: len(context) + i], r) for i, r in enumerate(rows)])
 
     def row(self, context: Sequence[int]) -> FloatArray:
         with self._model_lock:
-            return self.model.logprobs(context)
+            return self.drifted(context, self.model.logprobs(context))
+
+    def drifted(self, context: Sequence[int], row: FloatArray) -> FloatArray:
+        """``row`` as a server that is not batch-invariant returns it (:attr:`drift_nats`)."""
+        if not self.drift_nats:
+            return row
+        key = hash((tuple(int(t) for t in context), self.in_flight)) % 2**32
+        noise = np.random.default_rng(key).uniform(-1.0, 1.0, row.shape[0])
+        finite = np.isfinite(row)
+        out = np.full_like(row, -np.inf)
+        out[finite] = log_softmax(row[finite] + self.drift_nats * noise[finite])[0]
+        return out
 
     def sample(
         self, prefix: Sequence[int], n: int, temperature: float, seed: int | None, top_k: int = 0
@@ -263,8 +288,8 @@ class EmulationServer:
         ids: list[int] = []
         rows = np.empty((n, self.vocab_size))
         for i, (token, row) in enumerate(self.iter_sample(prefix, n, temperature, seed, top_k)):
+            rows[i] = self.drifted([*prefix, *ids], row) if top_k <= 0 else row
             ids.append(token)
-            rows[i] = row
         return ids, rows
 
     def iter_sample(
@@ -979,6 +1004,10 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(data)
                 return
+            with server._cache_lock:  # (the batch this request shares: server.drifted)
+                server.in_flight += 1
+            if server.drift_nats:  # a batching server: requests sent together are run together
+                time.sleep(DRIFT_BATCH_WINDOW_S)
             try:
                 if server.dialect == "vllm" and body.get("stream"):
                     self._stream(server.vllm_stream_events(body))
@@ -992,6 +1021,9 @@ def _make_handler(server: EmulationServer) -> type[BaseHTTPRequestHandler]:
             except BadRequest as exc:
                 self._error(exc.status, exc.message, exc.param)
                 return
+            finally:
+                with server._cache_lock:
+                    server.in_flight -= 1
             self._send(200, server.corrupt(answer))
 
         def _stream(self, events: Iterator[dict[str, Any]]) -> None:

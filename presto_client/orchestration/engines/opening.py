@@ -146,6 +146,16 @@ async def probe_engine(handle: OpenedEngine) -> list[Any]:
     return list(reports)
 
 
+def probe_drift(handle: OpenedEngine) -> dict[str, float] | None:
+    """How far the engine's logprobs move with the batch (its replicas' probes, the largest):
+    a row of ``metrics.jsonl`` (``None``: not probed, or no scoring call to measure it)."""
+    found = [r.details for r in handle.probes if "drift_max_nats" in getattr(r, "details", {})]
+    if not found:
+        return None
+    keys = ("drift_max_nats", "drift_median_nats", "drift_batch_max")
+    return {k: min(max(d[k] for d in found), 1e9) for k in keys}  # (JSON has no infinity)
+
+
 METRICS_TIMEOUT_S = 10.0
 """Bound on one read of an engine's prefix-cache counters (all its replicas together)."""
 METRICS_TIMEOUT_STOPPING_S = 1.0
@@ -250,6 +260,15 @@ def describe_probe(name: str, report: Any) -> list[str]:
         f"  {name} {report.base_url}: ok, model {server_text(report.model)}, "
         f"logprob mode {report.logprob_mode}{extra}"
     ]
+    drift = report.details.get("drift_max_nats") if hasattr(report, "details") else None
+    if drift is not None:
+        batch = int(report.details.get("drift_batch_max", 1))
+        lines.append(
+            f"    batch-invariant: drift 0 nats in batches of up to {batch}"
+            if drift == 0
+            else f"    drifting: up to {drift:.3g} nats per token (median "
+            f"{report.details['drift_median_nats']:.3g}) in batches of up to {batch}"
+        )
     lines.extend(f"    warning: {w}" for w in report.warnings)
     return lines
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from presto_client.core.methods import METHODS, SEQUENTIAL, replaying_names, traversal_names
+from presto_client.orchestration.results.engine_health import EngineHealth, engine_health
 from presto_client.orchestration.run_dir.rundir import RunDir, latest_by_chain
 
 logger = logging.getLogger(__name__)
@@ -231,38 +232,6 @@ def replays(traversal: str) -> bool:
     return traversal in replaying_names()
 
 
-def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Per engine: prefix-cache hits / queries over every session's counter deltas (a delta
-    whose counters went backwards, which older runs wrote, is left out; the rate is at most 1)."""
-    queries: dict[str, float] = {}
-    hits: dict[str, float] = {}
-    for row in metrics:
-        engine = str(row.get("engine"))
-        q, h = row.get("queries"), row.get("hits")
-        if q is None or as_number(q) < 0 or as_number(h) < 0:
-            if q is not None:
-                logger.warning(
-                    "metrics of engine %s, session %s: negative prefix-cache counts (the "
-                    "server restarted?); left out of the hit rate",
-                    engine,
-                    row.get("session"),
-                )
-            queries.setdefault(engine, 0.0)
-            continue
-        queries[engine] = queries.get(engine, 0.0) + as_number(q)
-        hits[engine] = hits.get(engine, 0.0) + as_number(h)
-    rates = {e: _ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
-    return {e: None if r is None else min(max(r, 0.0), 1.0) for e, r in rates.items()}
-
-
-def engines_restarted(metrics: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The engines a replica of which restarted during a session: their hit rate covers only
-    what that replica served after its restart."""
-    return {
-        str(row.get("engine")) for row in metrics if as_number(row.get("restarted_replicas")) > 0
-    }
-
-
 def _chain_wall(row: Mapping[str, Any]) -> float | None:
     """A chain's end-to-end wall time (``stats.chain_wall_s``); ``None`` for a chain recorded
     before the field existed (an older run directory: no end-to-end figure, never a guess)."""
@@ -286,7 +255,7 @@ def summarize(
     """The summary of a run from its sample lines (the last line of each chain counts)."""
     latest = latest_by_chain(samples)
     metrics = list(metrics)
-    engines = _EngineHealth(cache_hit_rates(metrics), engines_restarted(metrics))
+    engines = engine_health(metrics)
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for row in latest.values():
         by_arm.setdefault(str(row.get("arm")), []).append(row)
@@ -320,20 +289,12 @@ def summarize(
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class _EngineHealth:
-    """Per engine, from the run's metrics: prefix-cache hit rate, replica restarted or not."""
-
-    hit_rates: Mapping[str, float | None]
-    restarted: set[str]
-
-
 def _arm_summary(
     arm: str,
     rows: Sequence[Mapping[str, Any]],
     ok_by_arm: Mapping[str, Mapping[tuple[int, int], Mapping[str, Any]]],
     baseline: str,
-    engines: _EngineHealth,
+    engines: EngineHealth,
     pooled: _PooledPairs,
 ) -> tuple[dict[str, Any], dict[str, float] | None]:
     """One arm's row of the summary, and its median speedup per prompt (``None``: the arm has
@@ -357,6 +318,7 @@ def _arm_summary(
         **_work_figures(ok.values()),
         "prefix_cache_hit_rate": engines.hit_rates.get(engine),
         "prefix_cache_after_restart": engine in engines.restarted,
+        "drift_max_nats": engines.drift.get(engine),
         "chain_wall_s": sum(walls) if walls else None,
         "chain_wall_median_s": statistics.median(walls) if walls else None,
         **_length_figures(ok.values()),
