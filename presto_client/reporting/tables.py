@@ -483,7 +483,7 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
     order = [a for a in arm_order if a in quality] + [a for a in quality if a not in arm_order]
     ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})})
     header = ["arm", "graded", "accuracy\n[95% CI]", *(f"pass@{k}" for k in ks)]
-    header += ["vs baseline\n(+/-, McNemar p)", "tokens/\nanswer", "call s/\nanswer"]
+    header += ["vs reference\n(+/-, McNemar p)", "tokens/\nanswer", "call s/\nanswer"]
     rows = []
     for arm in order:
         q = quality[arm]
@@ -510,7 +510,16 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
                 f"{q['model_call_time_per_answer_s']:.3f}",
             ]
         )
-    return render_table(header, rows)
+    references = sorted(
+        {str(q["mcnemar"]["baseline"]) for q in quality.values() if q.get("mcnemar")}
+    )
+    legend = (
+        f"\nreference: {', '.join(references)} (paired by prompt and chain; +: right where the "
+        "reference is wrong, -: the other way)"
+        if references
+        else ""
+    )
+    return render_table(header, rows) + legend
 
 
 def runs_table_rows(path: Path, summary: Mapping[str, Any]) -> list[list[str]]:

@@ -266,3 +266,36 @@ async def test_a_backtracking_regex_leaves_the_event_loop_free() -> None:
     finally:
         ticker.cancel()
         process.close()
+
+
+def test_baselines_are_paired_with_power_sampling_where_no_sequential_ran() -> None:
+    """Issue 50: McNemar ran only against the engine's ``sequential`` arm, which the ready
+    configs lack: every baseline column was empty. The reference is now the engine's power
+    sampling arm (``sequential`` where it was graded)."""
+    from presto_client.orchestration.results.quality import quality_summary
+
+    def row(arm: str, prompt: int, correct: bool) -> dict[str, Any]:
+        return {
+            "arm": f"e/{arm}",
+            "engine": "e",
+            "prompt_index": prompt,
+            "chain_index": 0,
+            "status": "ok",
+            "grade": {"correct": correct, "extracted": str(int(correct))},
+            "stats": {"tokens_generated": 10, "model_call_time_s": 1.0},
+        }
+
+    stream = [row("stream", p, p < 8) for p in range(10)]
+    low = [row("low_temperature", p, p < 3) for p in range(10)]
+    quality = quality_summary([*stream, *low])
+    versus = quality["e/low_temperature"]["mcnemar"]
+    assert versus["baseline"] == "e/stream" and (versus["a_only"], versus["b_only"]) == (0, 5)
+    assert quality["e/stream"]["mcnemar"] is None
+    from presto_client.reporting.tables import format_quality_table
+
+    table = format_quality_table(quality, ["e/stream", "e/low_temperature"])
+    assert "reference: e/stream" in table and "+0/-5" in table
+    seq = [row("sequential", p, True) for p in range(10)]
+    with_seq = quality_summary([*stream, *low, *seq])
+    assert with_seq["e/low_temperature"]["mcnemar"]["baseline"] == "e/sequential"
+    assert with_seq["e/stream"]["mcnemar"]["baseline"] == "e/sequential"

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from presto_client.core.methods import traversal_names
 from presto_client.orchestration.planning.planned import GraderSpec
 from presto_client.orchestration.results.eval_stats import accuracy, mcnemar, mean_pass_at_k
 from presto_client.orchestration.results.grading import GraderFn, build_grader
@@ -170,7 +171,11 @@ def _pass_ks(max_n: int) -> list[int]:
 def quality_summary(
     rows: Iterable[Mapping[str, Any]], *, baseline: str = "sequential"
 ) -> dict[str, dict[str, Any]]:
-    """Per arm: accuracy, Wilson CI, McNemar vs ``{engine}/{baseline}``, pass@k, cost per answer.
+    """Per arm: accuracy, Wilson CI, McNemar vs the engine's reference arm, pass@k, cost per
+    answer. The reference is ``{engine}/{baseline}`` where it was graded, else the engine's first
+    power-sampling arm (an MH traversal): the ready configs run ``stream`` beside the baselines
+    and no ``sequential`` (which ``stream`` replays token for token), so each baseline is tested
+    against power sampling, paired by prompt and chain.
 
     ``rows`` are the latest sample line of each chain; only ok chains with a ``grade`` count.
     Empty when no chain is graded."""
@@ -183,6 +188,12 @@ def quality_summary(
         engines[arm] = str(r.get("engine"))
         key = (int(r.get("prompt_index", -1)), int(r.get("chain_index", -1)))
         graded.setdefault(arm, {})[key] = r
+    mh = set(traversal_names())
+    reference: dict[str, str] = {}  # engine -> its reference arm
+    for arm in graded:
+        engine, traversal = engines[arm], arm.rpartition("/")[2]
+        if traversal == baseline or (traversal in mh and engine not in reference):
+            reference[engine] = arm
     out: dict[str, dict[str, Any]] = {}
     for arm, by_key in graded.items():
         correct = {k: bool(r["grade"].get("correct")) for k, r in by_key.items()}
@@ -201,7 +212,7 @@ def quality_summary(
         times = [
             float((r.get("stats") or {}).get("model_call_time_s") or 0) for r in by_key.values()
         ]
-        base_arm = f"{engines[arm]}/{baseline}"
+        base_arm = reference.get(engines[arm], "")
         versus: dict[str, Any] | None = None
         if base_arm != arm and base_arm in graded:
             base = graded[base_arm]
