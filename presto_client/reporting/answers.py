@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from presto_client.core.methods import traversal_names
 from presto_client.orchestration.results.summary import BASELINE
 from presto_client.orchestration.run_dir.rundir import latest_by_chain
 
@@ -40,14 +41,16 @@ def format_answers(
     limit: int = ANSWER_PROMPTS,
 ) -> str:
     """The first chain's answer to each of the first ``limit`` prompts, from the sequential arm
-    (the one every replaying arm reproduces) or else the first arm that answered; ``""`` when no
-    chain has text (an engine that does not detokenize)."""
+    (the one every replaying arm reproduces), else a power-sampling arm (an MH traversal), else
+    the first baseline that answered; ``""`` when no chain has text (an engine that does not
+    detokenize)."""
     ok = [r for r in latest_by_chain(samples).values() if r.get("status") == "ok"]
     chosen: dict[int, Mapping[str, Any]] = {}
+    mh = set(traversal_names())
     for row in sorted(
         ok,
         key=lambda r: (
-            r.get("traversal") != BASELINE,
+            0 if r.get("traversal") == BASELINE else 1 if r.get("traversal") in mh else 2,
             int(r.get("chain_index", 0) or 0),
             str(r.get("arm")),
         ),

@@ -88,3 +88,16 @@ def test_the_latency_model_command_parses() -> None:
 
     args = build_parser().parse_args(LATENCY_MODEL_COMMAND.split()[3:])
     assert args.profile == "gpu" and args.T == 128 and args.K == 16
+
+
+def test_the_answers_are_power_samplings_where_no_sequential_ran() -> None:
+    """Issue 50: a ready config's run (stream beside the baselines, no sequential) printed
+    best_of_n's answers, first by name; power sampling's come first now."""
+    samples = [
+        _row("best_of_n", 0, 0, "a baseline's answer"),
+        _row("low_temperature", 0, 0, "another baseline's"),
+        _row("stream", 0, 0, "power sampling's answer"),
+    ]
+    text = format_answers(samples, {0: "Q?"})
+    assert "e/stream, chain 0: power sampling's answer" in text
+    assert "best_of_n" not in text
