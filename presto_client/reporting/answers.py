@@ -7,8 +7,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from presto_client.core.methods import traversal_names
-from presto_client.orchestration.results.summary import BASELINE
+from presto_client.orchestration.results.summary import BASELINE, samples_power
 from presto_client.orchestration.run_dir.rundir import latest_by_chain
 
 ANSWER_CHARS = 240
@@ -46,11 +45,14 @@ def format_answers(
     detokenize)."""
     ok = [r for r in latest_by_chain(samples).values() if r.get("status") == "ok"]
     chosen: dict[int, Mapping[str, Any]] = {}
-    mh = set(traversal_names())
     for row in sorted(
         ok,
         key=lambda r: (
-            0 if r.get("traversal") == BASELINE else 1 if r.get("traversal") in mh else 2,
+            0
+            if r.get("traversal") == BASELINE
+            else 1
+            if samples_power(str(r.get("traversal")))
+            else 2,
             int(r.get("chain_index", 0) or 0),
             str(r.get("arm")),
         ),

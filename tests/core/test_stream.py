@@ -754,3 +754,32 @@ async def test_rounds_walk_results_as_they_arrive_and_cancel_what_they_left(
         cancelled += result.stats.requests_cancelled
     if traversal != "crn":  # (crn's few unusable depths often finish before the walk leaves)
         assert cancelled > 0  # subtrees the walk left were cancelled, not waited for
+
+
+async def test_a_proposal_the_walk_refuses_gives_its_slots_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 49: the policy takes a proposal's slots of the engine's budget, then asks the walk
+    to issue it; when the walk refused it (raised), the slots stayed taken, for every chain on
+    that engine. They are given back: after the failed chain nothing is held."""
+    from presto_client.core.stream.rule import StreamRuleError
+
+    model = ReferenceModel(10, seed=3)
+    config = SamplerConfig(block_size=8, steps_per_block=12)
+    budget = SpeculationBudget(None, adaptive=False)
+    real = StreamRunner.propose
+    calls = 0
+
+    def refuse_the_third(self: StreamRunner, proposal: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise StreamRuleError(0, "refused (the test)")
+        return real(self, proposal)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StreamRunner, "propose", refuse_the_third)
+    runner = StreamRunner(ReferenceEngine(model), config, 2, None, budget=budget)
+    with pytest.raises(StreamRuleError, match="refused"):
+        await runner.run([1])
+    assert calls >= 3
+    assert budget.speculative == 0 and budget.heads == 0  # nothing held by the failed chain

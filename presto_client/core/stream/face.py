@@ -107,7 +107,17 @@ class Face:
         return self._walk._usable(flight, state)
 
     def propose(self, proposal: Proposal) -> InFlight:
-        return self._walk.propose(proposal)
+        """The walk's :meth:`propose`. The policy took the proposal's slots of the engine's
+        budget before asking: a proposal the walk refuses (the policy's bug, raised) or fails
+        to issue gives them back, or every chain on that engine would lose them for good."""
+        walk = self._walk
+        issued = walk.stats.requests_issued
+        try:
+            return walk.propose(proposal)
+        except BaseException:
+            if walk.stats.requests_issued == issued:  # (not issued: its slots never used)
+                walk.budget.release(walk.kernel.sequences_per_proposal)
+            raise
 
     def withdraw(self, base: int) -> None:
         self._walk.withdraw(base)

@@ -232,6 +232,11 @@ def replays(traversal: str) -> bool:
     return traversal in replaying_names()
 
 
+def samples_power(traversal: str) -> bool:
+    """Whether ``traversal`` is an MH chain (power sampling), not a baseline."""
+    return traversal in traversal_names()
+
+
 def _chain_wall(row: Mapping[str, Any]) -> float | None:
     """A chain's end-to-end wall time (``stats.chain_wall_s``); ``None`` for a chain recorded
     before the field existed (an older run directory: no end-to-end figure, never a guess)."""
