@@ -33,6 +33,12 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
+def _rank(row: Mapping[str, Any]) -> int:
+    """Whose answer is shown first: sequential's, then power sampling's, then a baseline's."""
+    traversal = str(row.get("traversal"))
+    return 0 if traversal == BASELINE else 1 if samples_power(traversal) else 2
+
+
 def format_answers(
     samples: Iterable[Mapping[str, Any]],
     prompts: Mapping[int, str],
@@ -47,15 +53,7 @@ def format_answers(
     chosen: dict[int, Mapping[str, Any]] = {}
     for row in sorted(
         ok,
-        key=lambda r: (
-            0
-            if r.get("traversal") == BASELINE
-            else 1
-            if samples_power(str(r.get("traversal")))
-            else 2,
-            int(r.get("chain_index", 0) or 0),
-            str(r.get("arm")),
-        ),
+        key=lambda r: (_rank(r), int(r.get("chain_index", 0) or 0), str(r.get("arm"))),
     ):
         if isinstance(row.get("text"), str):
             chosen.setdefault(int(row.get("prompt_index", -1)), row)
