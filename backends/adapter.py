@@ -3,9 +3,9 @@
 An adapter is a set of request builders (plain objects in, an :class:`HttpCall` out) and
 response parsers (a decoded JSON body in, a
 :class:`~presto_client.core.scoring.TokenLogprobs` out, built with the toolkit of
-:mod:`backends.parsing`). It never opens a socket;
-:class:`~backends.http_engine.HttpEngine` sends what it builds over the shared
-:class:`~backends.transport.Transport` and turns what it parses into scores
+:mod:`presto_client.backends.parsing`). It never opens a socket;
+:class:`~presto_client.backends.http_engine.HttpEngine` sends what it builds over the shared
+:class:`~presto_client.backends.transport.Transport` and turns what it parses into scores
 (:mod:`presto_client.core.scoring`).
 
 The core a dialect must write is close to lm-eval's ``TemplateAPI``: its :class:`DialectTraits`
@@ -14,7 +14,7 @@ The core a dialect must write is close to lm-eval's ``TemplateAPI``: its :class:
 some servers can do is an optional part the dialect exposes as an attribute (``None`` when it
 cannot), each checked once where it is used: :class:`ScoringCalls` (raw logprobs of given tokens),
 :class:`SlotPlacement`, :class:`AnswerRepairs` (what an answer leaves out, an early stop) and the
-tokenizer (:class:`TokenizerCalls`; vLLM's shape in :mod:`backends.tokenizer_calls`).
+tokenizer (:class:`TokenizerCalls`; vLLM's shape in :mod:`presto_client.backends.tokenizer_calls`).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class DialectTraits:
     max_top_k: int | None = None
     slots_path: str | None = None
     """Where the server says how many slots (each with its own prefix cache) it has; set for
-    a dialect whose requests the client places on slots (:mod:`backends.slots`); such a
-    dialect exposes :class:`SlotPlacement`."""
+    a dialect whose requests the client places on slots (:mod:`presto_client.backends.slots`); such
+    a dialect exposes :class:`SlotPlacement`."""
     start_hint: str = ""
     """How to start this dialect's server (for 'unreachable' messages)."""
 
@@ -194,7 +194,7 @@ class AnswerRepairs(Protocol):
 
 class TokenizerCalls(Protocol):
     """Optional part: the server's tokenizer (text prompts in, response text out); vLLM's
-    shape is :class:`backends.tokenizer_calls.ServerTokenizer`."""
+    shape is :class:`presto_client.backends.tokenizer_calls.ServerTokenizer`."""
 
     def build_tokenize(
         self,
@@ -332,8 +332,8 @@ class Adapter:
         """The tokens of consecutive stream events as one choice of the completions shape
         (``token_ids``, ``logprobs.token_logprobs``, ``logprobs.top_logprobs`` keyed
         ``token_id:N``), for scoring many streams' chunks in one pass
-        (:mod:`backends.stream_scoring`); ``None`` (the default): not this shape, or unusual,
-        and :meth:`parse_stream_events` parses the chunk alone."""
+        (:mod:`presto_client.backends.stream_scoring`); ``None`` (the default): not this shape, or
+        unusual, and :meth:`parse_stream_events` parses the chunk alone."""
         return None
 
     def parse_models(self, body: Any) -> ParsedModels:

@@ -1,4 +1,4 @@
-"""The default :class:`~backends.pool.Pool`: aiohttp's connection pool.
+"""The default :class:`~presto_client.backends.pool.Pool`: aiohttp's connection pool.
 
 One :class:`aiohttp.ClientSession` per replica, created on first use inside the event loop,
 keep-alive on, at most ``max_connections`` sockets: the connector's limit is the replica's one
@@ -6,7 +6,7 @@ bound on requests in flight (a streamed answer holds its connection until it is 
 aiohttp rather than httpx's pool (httpcore), whose bookkeeping cost client CPU per request that
 grew with the number of connections (``docs/benchmarks.md``); vLLM's and SGLang's benchmark
 clients use aiohttp for the same reason. aiohttp's exceptions become
-:class:`~backends.pool.TransportError` s here, and nowhere else.
+:class:`~presto_client.backends.pool.TransportError` s here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _FAILURES = (aiohttp.ClientError, TimeoutError)
 
 
 def transport_error(exc: BaseException) -> TransportError:
-    """The :class:`~backends.pool.TransportError` an aiohttp failure stands for."""
+    """The :class:`~presto_client.backends.pool.TransportError` an aiohttp failure stands for."""
     message = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return RemoteProtocolError(message)
@@ -69,7 +69,7 @@ async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> byte
 
 
 class AiohttpStreamReply:
-    """A :class:`~backends.pool.StreamReply` over an aiohttp response."""
+    """A :class:`~presto_client.backends.pool.StreamReply` over an aiohttp response."""
 
     __slots__ = ("_response",)
 

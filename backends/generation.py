@@ -4,20 +4,20 @@ one loop for the whole (unstreamed) and the streamed path alike.
 A proposal is filled part by part, each part one generation request:
 
 * **placement**: where the dialect keeps one prefix cache per server slot (llama.cpp), each
-  request goes to the slot the client chooses (:mod:`backends.slots`; read once from the
-  dialect's ``traits.slots_path`` by its slots part), and the slot is given back as soon as
+  request goes to the slot the client chooses (:mod:`presto_client.backends.slots`; read once from
+  the dialect's ``traits.slots_path`` by its slots part), and the slot is given back as soon as
   its answer is in;
 * **repair**: a whole answer may lack what a dialect leaves out (llama.cpp sends no
   probabilities for a token whose text ends inside a UTF-8 character): the dialect's
-  repairs (:meth:`~backends.adapter.AnswerRepairs.repair_calls`) fetch it before the answer is
-  parsed; a stream that leaves such a token out
-  (:meth:`~backends.adapter.AnswerRepairs.stream_generated` counts past what came) is closed,
-  and the rest comes from the whole proposal, fetched unstreamed and repaired (its seed gives
-  the same tokens);
+  repairs (:meth:`~presto_client.backends.adapter.AnswerRepairs.repair_calls`) fetch it before the
+  answer is parsed; a stream that leaves such a token out
+  (:meth:`~presto_client.backends.adapter.AnswerRepairs.stream_generated` counts past what came) is
+  closed, and the rest comes from the whole proposal, fetched unstreamed and repaired (its seed
+  gives the same tokens);
 * **continuation**: a part that ends legitimately short (an end-of-generation token sampled,
   which llama.cpp cannot sample through without changing the law) goes on in a next part, the
-  dialect's :meth:`~backends.adapter.AnswerRepairs.continuation`; any other short part is an
-  error;
+  dialect's :meth:`~presto_client.backends.adapter.AnswerRepairs.continuation`; any other short part
+  is an error;
 * **retries** are the transport's: each request is retried there, never a part here (a
   streamed part that ends early is a connection that went away, marked retryable for the
   walk).
@@ -141,7 +141,7 @@ class Generation:
 
     async def slot_plan(self) -> SlotPlan | None:
         """The placement of requests on the server's slots (read once), where the dialect
-        places them (:mod:`backends.slots`); ``None``: the server chooses."""
+        places them (:mod:`presto_client.backends.slots`); ``None``: the server chooses."""
         if self._slots_read:
             return self._slot_plan
         async with self._slots_lock:
@@ -208,7 +208,8 @@ class Generation:
         """The tokens of ``request`` as they come, part by part (the module's protocol), each
         chunk handed out as ``out(chunk)`` (streamed chunks with ``scores``: scored with the
         other streams' chunks of the same loop turn, where the dialect allows,
-        :mod:`backends.stream_scoring`; ``out`` is then ``scored_from_raw`` with ``scores``).
+        :mod:`presto_client.backends.stream_scoring`; ``out`` is then ``scored_from_raw`` with
+        ``scores``).
 
         A streamed part is received here, not in a generator of its own: its loop runs once
         per network read, the client's hottest path, and every generator level costs there.

@@ -3,11 +3,11 @@
 ``generate`` sends one HTTP request per proposal (each with its own seed), concurrently, and
 in scaled modes a scoring call per proposal after it; ``stream`` yields a proposal's scores as
 server-sent events arrive (raw modes); both fill a proposal through the dialect's generation
-protocol (:mod:`backends.generation`: slots, repairs, continuations); ``score`` returns exact
-scores of given tokens (:mod:`backends.scoring_calls`, which also makes a scaled mode's scoring
-call); ``probe`` checks health, model and logprob semantics before a job
-(:mod:`backends.http_probe`); ``metrics`` reads the prefix-cache counters. Each of those three
-parts is an object the engine owns, sharing its transport.
+protocol (:mod:`presto_client.backends.generation`: slots, repairs, continuations); ``score``
+returns exact scores of given tokens (:mod:`presto_client.backends.scoring_calls`, which also makes
+a scaled mode's scoring call); ``probe`` checks health, model and logprob semantics before a job
+(:mod:`presto_client.backends.http_probe`); ``metrics`` reads the prefix-cache counters. Each of
+those three parts is an object the engine owns, sharing its transport.
 """
 
 from __future__ import annotations

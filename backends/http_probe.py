@@ -1,9 +1,9 @@
 """The probe of one HTTP replica: health, the served model, its logprob semantics, seeds and
 exact scoring, checked before any chain runs.
 
-:class:`Probe` is a composed part of :class:`backends.http_engine.HttpEngine`: it sends its
-requests over the engine's transport and asks the engine only for what the engine owns (the
-served model's names, the model it settles on, its raw scoring call). What it finds that later
+:class:`Probe` is a composed part of :class:`presto_client.backends.http_engine.HttpEngine`: it
+sends its requests over the engine's transport and asks the engine only for what the engine owns
+(the served model's names, the model it settles on, its raw scoring call). What it finds that later
 requests depend on (seeds, exact scoring) goes to the :class:`ServerFindings` it shares with
 the engine.
 """

@@ -5,8 +5,8 @@ built, and answers either a whole :class:`Reply` (:meth:`Pool.fetch`) or a
 :class:`StreamReply` whose body is read as it arrives (:meth:`Pool.open`). It follows no
 redirects, keeps no cookies, and raises only the :class:`TransportError` family below, so
 that status handling, retries, error messages and timeouts are written once, in
-:mod:`backends.transport`, against these types. The default pool is aiohttp's
-(:mod:`backends.aiohttp_pool`); tests put an in-memory double here.
+:mod:`presto_client.backends.transport`, against these types. The default pool is aiohttp's
+(:mod:`presto_client.backends.aiohttp_pool`); tests put an in-memory double here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The registry of backend dialects: register, list, create. The one list of backend names.
 
 A backend is an adapter class (pure request builders and response parsers, see
-:mod:`backends.adapter`); the shared :class:`~backends.http_engine.HttpEngine` drives it over the
-shared transport. Every other list of engine kinds (the job config's ``kind``, ``presto
-validate``, error messages) is derived from :func:`available_backends`.
+:mod:`presto_client.backends.adapter`); the shared
+:class:`~presto_client.backends.http_engine.HttpEngine` drives it over the shared transport. Every
+other list of engine kinds (the job config's ``kind``, ``presto validate``, error messages) is
+derived from :func:`available_backends`.
 
 Third-party adapters come in two ways:
 
@@ -55,7 +56,9 @@ def register_backend(name: str, adapter_cls: type[Adapter]) -> None:
     if not name or not isinstance(name, str):
         raise ConfigError(f"backend name must be a non-empty string, got {name!r}")
     if not (isinstance(adapter_cls, type) and issubclass(adapter_cls, Adapter)):
-        raise ConfigError(f"backend {name!r}: {adapter_cls!r} is not a backends.adapter.Adapter")
+        raise ConfigError(
+            f"backend {name!r}: {adapter_cls!r} is not a presto_client.backends.adapter.Adapter"
+        )
     _REGISTRY[name] = adapter_cls
 
 

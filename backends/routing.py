@@ -5,10 +5,10 @@ land on different replicas loses its prefix cache. With ``routing_key_header`` s
 every request of a chain (proposals, block extensions, scoring; the start-up probe aside) carries
 that header with the chain's key, which the gateway's consistent-hash policy maps to one replica.
 
-:class:`RoutedEngine` is one chain's view of an :class:`~backends.http_engine.HttpEngine`: its
-headers are built once when the chain starts (an immutable mapping of its own, never shared with
-another chain), so a request costs nothing more for carrying the key however long the chain
-grows.
+:class:`RoutedEngine` is one chain's view of an
+:class:`~presto_client.backends.http_engine.HttpEngine`: its headers are built once when the chain
+starts (an immutable mapping of its own, never shared with another chain), so a request costs
+nothing more for carrying the key however long the chain grows.
 """
 
 from __future__ import annotations

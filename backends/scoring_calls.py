@@ -2,10 +2,10 @@
 raw scoring call a scaled mode's proposal and the probe make), and exact scores of given tokens
 (``Engine.score``).
 
-:class:`Scoring` is a composed part of :class:`backends.http_engine.HttpEngine`: it sends its
-requests over the engine's transport, asks the engine only for the served model's name, and
-turns exact scoring off in the :class:`~backends.http_probe.ServerFindings` it shares with the
-engine when the server refuses a full-vocabulary score.
+:class:`Scoring` is a composed part of :class:`presto_client.backends.http_engine.HttpEngine`: it
+sends its requests over the engine's transport, asks the engine only for the served model's name,
+and turns exact scoring off in the :class:`~presto_client.backends.http_probe.ServerFindings` it
+shares with the engine when the server refuses a full-vocabulary score.
 """
 
 from __future__ import annotations

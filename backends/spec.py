@@ -1,7 +1,7 @@
 """What every HTTP backend shares: the engine spec, the probe report, the capabilities record.
 
 An :class:`EngineSpec` is the plain object the faces layer builds from a job config; the
-registry (:func:`backends.create_engine`) turns it into an engine for one replica.
+registry (:func:`presto_client.backends.create_engine`) turns it into an engine for one replica.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class EngineSpec:
     routing_key_header: str | None = None
     """The header a gateway in front of the replicas routes by (``x-smg-routing-key`` for
     ``smg``, ``x-session-id`` for ``vllm-router``): every request of a chain carries the chain's
-    key in it (:mod:`backends.routing`); ``None``: no key sent."""
+    key in it (:mod:`presto_client.backends.routing`); ``None``: no key sent."""
 
     def __post_init__(self) -> None:
         if self.routing_key_header is not None:

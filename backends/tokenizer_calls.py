@@ -2,7 +2,8 @@
 
 :class:`ServerTokenizer` is vLLM's shape (``/tokenize`` with ``prompt`` or ``messages``,
 ``/detokenize`` with ``tokens``), which the vLLM, SGLang and OpenAI-compatible dialects expose
-(:attr:`backends.adapter.Adapter.tokenizer`; llama.cpp's subclass in :mod:`backends.llamacpp`).
+(:attr:`presto_client.backends.adapter.Adapter.tokenizer`; llama.cpp's subclass in
+:mod:`presto_client.backends.llamacpp`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from presto_client.errors import InvalidResponseError
 
 
 class ServerTokenizer:
-    """:class:`~backends.adapter.TokenizerCalls` of vLLM's shape: calls to the server's
-    tokenizer, one per endpoint to try, and parsers of the answers."""
+    """:class:`~presto_client.backends.adapter.TokenizerCalls` of vLLM's shape: calls to the
+    server's tokenizer, one per endpoint to try, and parsers of the answers."""
 
     def __init__(
         self,

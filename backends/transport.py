@@ -1,12 +1,14 @@
 """The one HTTP transport of a replica: what is sent, how answers are checked, retried and
 turned into the errors the orchestration catches.
 
-* Requests go to a :class:`~backends.pool.Pool` (aiohttp's by default, an in-memory double in
+* Requests go to a :class:`~presto_client.backends.pool.Pool` (aiohttp's by default, an in-memory
+double in
   tests): every request, plain or streamed, completion or probe, takes the same path, so the
   status handling, retries, error mapping and timeouts below are the ones that run.
 * The pool's connection limit (``max_concurrency``) is the replica's one bound on requests in
   flight; the orchestrator's semaphores bound a job.
-* Retries (:mod:`backends.retry`): connection errors, timeouts, 408, 429 and 5xx, a restarting
+* Retries (:mod:`presto_client.backends.retry`): connection errors, timeouts, 408, 429 and 5xx, a
+restarting
   server's symptoms for ``restart_window_s``, ``Retry-After`` honoured. A 4xx surfaces at once
   as :class:`~presto_client.errors.EngineRequestError` with the server's own message, cut short
   (an HTML page is named as not an OpenAI-compatible server).

@@ -1,8 +1,8 @@
 """Every default of an engine and a job, in one place.
 
 The job config (:mod:`presto_client.orchestration.config.schema`), the backends' engine spec
-(:class:`backends.spec.EngineSpec`) and the HTTP transport read their defaults from here, so
-that a YAML job, a Python caller and a test mean the same thing by "the default".
+(:class:`presto_client.backends.spec.EngineSpec`) and the HTTP transport read their defaults from
+here, so that a YAML job, a Python caller and a test mean the same thing by "the default".
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each engine of the plan (:class:`~presto_client.orchestration.planning.planned.PlannedEngine`) opens
 its replicas through its own opener: an HTTP engine through the backends' registry
-(:func:`backends.create_engine`), the embedded engine as a vLLM-dialect server on loopback and
-a managed llama.cpp as its llama-server (both started here first, by
+(:func:`presto_client.backends.create_engine`), the embedded engine as a vLLM-dialect server on
+loopback and a managed llama.cpp as its llama-server (both started here first, by
 :mod:`presto_client.child_servers`), the reference engine as the
 in-process model, a registered kind as it says. Optional capabilities of a replica (a probe, an
 identity, prefix-cache metrics, a context length) are read through the protocols of
