@@ -64,7 +64,12 @@ from presto_client.orchestration.executors.orchestrator import (
 )
 from presto_client.orchestration.planning.planned import JobPlan, PlannedChain, routing_key
 from presto_client.orchestration.prompts.prompt_tokens import decode, encode, encode_messages
-from presto_client.orchestration.results.quality import ChainGrader, make_chain_grader
+from presto_client.orchestration.results.quality import (
+    ChainGrader,
+    answers_of,
+    graded_answer_first,
+    make_chain_grader,
+)
 from presto_client.orchestration.results.summary import prefix_cache_delta, summarize, summary_rows
 from presto_client.orchestration.run_dir.rundir import ENGINE_IDENTITY, RunDir, check_output_dir
 
@@ -87,16 +92,6 @@ def transition_row(t: TransitionRecord) -> list[Any]:
         int(t.accepted),
         None if t.early else round(float(t.log_accept), 6),
         round(float(t.rejection_bound), 6) if t.early else None,
-    ]
-
-
-def _alternatives(
-    token_ids: Sequence[Sequence[int]], texts: Sequence[str | None] | None
-) -> list[tuple[str | None, Sequence[int]]]:
-    """A chain's further answers as ``(text, token ids)`` pairs for its grader."""
-    return [
-        (texts[i] if texts is not None and i < len(texts) else None, ids)
-        for i, ids in enumerate(token_ids)
     ]
 
 
@@ -179,10 +174,11 @@ class RunDirSink:
             outcome.spec.prompt_index,
             outcome.text,
             result.token_ids,
-            alternatives=_alternatives(result.alternatives, outcome.alternative_texts),
+            alternatives=answers_of(result.alternatives, outcome.alternative_texts),
         )
         if grade is not None:
             row["grade"] = grade
+            graded_answer_first(row)
         self.run.append_sample(row)
 
     async def drain(self) -> None:

@@ -47,6 +47,8 @@ async def test_sampling_baselines_run_beside_the_mh_arms_and_are_graded(tmp_path
         assert grade["n"] == 5 and grade["votes"] == firsts.count(top)
         assert grade["extracted"] == top
         assert grade["correct"] == (top == ANSWERS[s["prompt_index"]])
+        # The stored answer is the one the grade read (issue 50: it was the first sample's).
+        assert firsts[0] == grade["extracted"]
     for s in by_arm["ref/best_of_n"]:
         assert s["stats"]["requests_issued"] == 5 * 2 and "alternatives" not in s
     quality = result.summary["quality"]

@@ -129,7 +129,8 @@ class ChainGrader:
         sees the token ids joined by spaces. With ``alternatives`` (a ``majority_vote`` chain's
         other samples) every answer is graded and the chain is scored by the majority of the
         extracted answers (maj@N; a tie goes to the answer seen first, an answer that extracts
-        nothing does not vote); ``votes`` and ``n`` say how it went."""
+        nothing does not vote); ``votes`` and ``n`` say how it went, ``answer_index`` which answer
+        (0: the first, i: alternative i - 1) is the majority's."""
         reference = self.answers.get(prompt_index)
         if reference is None:
             return None
@@ -148,6 +149,7 @@ class ChainGrader:
             "votes": len(winner),
             "n": len(grades),
             "any_correct": any(bool(g.get("correct")) for g in grades),
+            "answer_index": next(i for i, g in enumerate(grades) if g is winner[0]),
         }
 
     async def _grade_one(
@@ -159,6 +161,30 @@ class ChainGrader:
             return dict(value)
         log.warning("grader %s failed on prompt %d: %s", self.config.label(), prompt_index, value)
         return {"correct": False, "extracted": None, "error": str(value)}
+
+
+def answers_of(
+    token_ids: Sequence[Sequence[int]], texts: Sequence[str | None] | None
+) -> list[tuple[str | None, Sequence[int]]]:
+    """A chain's further answers as ``(text, token ids)`` pairs for its grader."""
+    return [
+        (texts[i] if texts is not None and i < len(texts) else None, ids)
+        for i, ids in enumerate(token_ids)
+    ]
+
+
+def graded_answer_first(row: dict[str, Any]) -> None:
+    """A sample line whose grade read another of its answers (a majority vote's majority) holds
+    that answer as its ``text`` and ``token_ids``, the first among its alternatives instead: the
+    stored answer is the one graded."""
+    index = int((row.get("grade") or {}).get("answer_index") or 0)
+    if not index:
+        return
+    i = index - 1
+    row["token_ids"], row["alternatives"][i] = row["alternatives"][i], row["token_ids"]
+    texts = row.get("alternative_texts")
+    if texts is not None:
+        row["text"], texts[i] = texts[i], row["text"]
 
 
 def _pass_ks(max_n: int) -> list[int]:
