@@ -519,6 +519,15 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
         if references
         else ""
     )
+    fell_back = [
+        f"{a} {q['graded_by_fallback']}" for a, q in quality.items() if q.get("graded_by_fallback")
+    ]
+    if fell_back:
+        legend += (
+            f"\nanswers graded by fallback (no \\boxed{{}}: the last number or letter): "
+            f"{', '.join(fell_back)}; a strict grader ('strict math') reads only what the "
+            "reference evaluations read"
+        )
     return render_table(header, rows) + legend
 
 

@@ -148,3 +148,37 @@ def test_grader_config_forms() -> None:
             GraderConfig.model_validate(bad)
     with pytest.raises(ValidationError):
         GraderConfig.model_validate({"kind": "math", "pattern": "(x)"})
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "reference", "lenient", "strict"),
+    [
+        # issue 50's false positives: no \boxed{}, the last number happens to be the key
+        ("math", "Let me try 3, 5, 7, 9", "9", True, False),
+        ("gsm8k", "She buys 3 bags of 4 apples, so she has 12 apples and", "#### 12", True, False),
+        ("integer", "Trying n = 1, 2, ..., 33", "33", True, False),
+        ("choice", "Options (A) 1 (B) 2 (C) 3 (D) 4, and I pick\nD", "D", True, True),
+        ("choice", "I think (B) is right but let me think more about it", "B", True, False),
+        # what the reference evaluations read is right in both modes
+        ("math", "so the answer is \\boxed{\\frac{1}{2}}", "0.5", True, True),
+        ("gsm8k", "12 apples.\n#### 12", "#### 12", True, True),
+        ("integer", "\\boxed{033}", "33", True, True),
+        ("choice", "\\boxed{B) 10^-8 eV}", "B", True, True),
+        ("choice", "After all that,\nThe answer is (C).", "C", True, True),
+    ],
+)
+def test_strict_graders_read_only_what_the_reference_evaluations_read(
+    kind: str, text: str, reference: str, lenient: bool, strict: bool
+) -> None:
+    loose = build_grader(kind)(text, reference)
+    tight = build_grader(f"strict {kind}")(text, reference)
+    assert loose.correct is lenient and tight.correct is strict
+    if lenient and not strict:
+        assert loose.fallback and loose.as_dict()["fallback"] is True  # counted as such
+    assert not tight.fallback
+
+
+def test_strict_is_refused_where_it_means_nothing() -> None:
+    with pytest.raises(ValueError, match="no strict mode"):
+        GraderConfig.model_validate({"kind": "exact", "strict": True})
+    assert GraderConfig.model_validate("strict math").to_spec().label() == "strict math"

@@ -295,6 +295,11 @@ def test_baselines_are_paired_with_power_sampling_where_no_sequential_ran() -> N
 
     table = format_quality_table(quality, ["e/stream", "e/low_temperature"])
     assert "reference: e/stream" in table and "+0/-5" in table
+    assert "graded by fallback" not in table
+    low[0]["grade"]["fallback"] = True  # a lenient grader's last-number answer: counted
+    table = format_quality_table(quality_summary([*stream, *low]), ["e/low_temperature"])
+    assert "answers graded by fallback (no \\boxed{}: the last number or letter): " in table
+    assert "e/low_temperature 1" in table
     seq = [row("sequential", p, True) for p in range(10)]
     with_seq = quality_summary([*stream, *low, *seq])
     assert with_seq["e/low_temperature"]["mcnemar"]["baseline"] == "e/sequential"

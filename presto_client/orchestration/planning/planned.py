@@ -157,13 +157,15 @@ class GraderSpec:
     kind: str
     pattern: str | None = None
     function: str | None = None
+    strict: bool = False
+    """Only the answer the reference evaluation reads (the last ``\\boxed{}``, ...), no fallback."""
 
     def label(self) -> str:
         if self.kind == "regex":
             return f"regex: {self.pattern}"
         if self.kind == "python":
             return f"python: {self.function}"
-        return self.kind
+        return f"strict {self.kind}" if self.strict else self.kind
 
 
 @dataclass(frozen=True, slots=True)

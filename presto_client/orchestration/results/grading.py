@@ -28,6 +28,7 @@ A grader is a pure function ``(completion text, reference answer) -> Grade``. Th
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import re
@@ -53,9 +54,15 @@ class Grade:
 
     correct: bool
     extracted: str | None
+    fallback: bool = False
+    """The answer was found by a lenient fallback (the last number of a text without a
+    ``\\boxed{}``), not where the reference evaluation reads it: counted in the summary."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"correct": self.correct, "extracted": self.extracted}
+        out: dict[str, Any] = {"correct": self.correct, "extracted": self.extracted}
+        if self.fallback:
+            out["fallback"] = True
+        return out
 
 
 GraderFn = Callable[[str, str], Grade]
@@ -223,12 +230,13 @@ def extract_choice(text: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def grade_math(text: str, reference: str) -> Grade:
-    extracted = extract_math_answer(text)
+def grade_math(text: str, reference: str, *, strict: bool = False) -> Grade:
+    boxed = last_boxed(text)
+    extracted = boxed if boxed is not None or strict else last_number(text)
     if extracted is None:
         return Grade(False, None)
     ref = last_boxed(reference) or reference
-    return Grade(math_equal(extracted, ref), extracted)
+    return Grade(math_equal(extracted, ref), extracted, fallback=boxed is None)
 
 
 def grade_exact(text: str, reference: str) -> Grade:
@@ -236,10 +244,29 @@ def grade_exact(text: str, reference: str) -> Grade:
     return Grade(extracted == normalize_text(reference), extracted)
 
 
-def grade_choice(text: str, reference: str) -> Grade:
-    extracted = extract_choice(text)
+def extract_choice_strict(text: str) -> str | None:
+    """The letter where GPQA's evaluations read it: the last ``\\boxed{X}``, else an "answer is
+    X" / "Answer: X" or a lone letter on the completion's last non-empty line; or None."""
+    boxed = _CHOICE_PATTERNS[0].findall(text)
+    if boxed:
+        return str(boxed[-1]).upper()
+    lines = [line for line in text.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    for pat in (_CHOICE_PATTERNS[1], _CHOICE_PATTERNS[3]):
+        found = [m if isinstance(m, str) else next(g for g in m if g) for m in pat.findall(last)]
+        if found:
+            return str(found[-1]).upper()
+    return None
+
+
+def grade_choice(text: str, reference: str, *, strict: bool = False) -> Grade:
+    extracted = extract_choice_strict(text)
+    fallback = False
+    if extracted is None and not strict:
+        extracted = extract_choice(text)
+        fallback = extracted is not None
     ref = extract_choice(reference) or reference.strip().upper()
-    return Grade(extracted is not None and extracted == ref, extracted)
+    return Grade(extracted is not None and extracted == ref, extracted, fallback=fallback)
 
 
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
@@ -253,16 +280,16 @@ def gsm8k_reference(reference: str) -> str:
     return answer.strip().replace(",", "").replace("$", "").strip()
 
 
-def extract_gsm8k_answer(text: str) -> str | None:
-    """A GSM8K completion's answer: its last ``\\boxed{...}``, else its last ``#### N``, else its
-    last number."""
+def extract_gsm8k_answer(text: str, *, strict: bool = False) -> str | None:
+    """A GSM8K completion's answer: its last ``\\boxed{...}``, else its last ``#### N``, else
+    (not ``strict``) its last number."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     found = _GSM8K_RE.findall(text)
     if found and last_number(found[-1]) is not None:
         return last_number(found[-1])
-    return last_number(text)
+    return None if strict else last_number(text)
 
 
 def _number(text: str) -> Fraction | None:
@@ -280,15 +307,16 @@ def _number(text: str) -> Fraction | None:
     return _as_fraction(num)
 
 
-def grade_gsm8k(text: str, reference: str) -> Grade:
-    extracted = extract_gsm8k_answer(text)
+def grade_gsm8k(text: str, reference: str, *, strict: bool = False) -> Grade:
+    extracted = extract_gsm8k_answer(text, strict=strict)
     if extracted is None:
         return Grade(False, None)
+    fallback = extract_gsm8k_answer(text, strict=True) is None
     ref = gsm8k_reference(reference)
     a, b = _number(extracted), _number(ref)
     if a is not None and b is not None:
-        return Grade(a == b, extracted)
-    return Grade(normalize_text(extracted) == normalize_text(ref), extracted)
+        return Grade(a == b, extracted, fallback=fallback)
+    return Grade(normalize_text(extracted) == normalize_text(ref), extracted, fallback=fallback)
 
 
 def as_integer(text: str) -> int | None:
@@ -301,14 +329,15 @@ def as_integer(text: str) -> int | None:
     return int(value)
 
 
-def grade_integer(text: str, reference: str) -> Grade:
-    extracted = extract_math_answer(text)
+def grade_integer(text: str, reference: str, *, strict: bool = False) -> Grade:
+    boxed = last_boxed(text)
+    extracted = boxed if boxed is not None or strict else last_number(text)
     if extracted is None:
         return Grade(False, None)
     got, want = as_integer(extracted), as_integer(reference)
     if got is None:
-        return Grade(False, extracted)
-    return Grade(want is not None and got == want, str(got))
+        return Grade(False, extracted, fallback=boxed is None)
+    return Grade(want is not None and got == want, str(got), fallback=boxed is None)
 
 
 def make_regex_grader(pattern: str) -> GraderFn:
@@ -362,6 +391,7 @@ def load_python_grader(target: str) -> GraderFn:
     return grade_python
 
 
+STRICT_KINDS = ("math", "gsm8k", "integer", "choice")
 GRADERS: dict[str, GraderFn] = {
     "math": grade_math,
     "exact": grade_exact,
@@ -381,6 +411,12 @@ class GraderConfig(BaseModel):
     kind: GraderKind
     pattern: str | None = Field(default=None, description="regex: one capturing group")
     function: str | None = Field(default=None, description="python: 'module:function'")
+    strict: bool = Field(
+        default=False,
+        description="math, gsm8k, integer, choice: only the answer where the reference "
+        "evaluations read it (the last \\boxed{}; GSM8K's #### too; GPQA's boxed or last-line "
+        "letter), no last-number fallback (shorthand: 'strict math')",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -388,6 +424,8 @@ class GraderConfig(BaseModel):
         if isinstance(value, str):
             kind, sep, arg = value.partition(":")
             kind = kind.strip()
+            if not sep and kind.startswith("strict "):
+                return {"kind": kind.removeprefix("strict ").strip(), "strict": True}
             if kind == "python":
                 return {"kind": "python", "function": arg.strip()} if sep else {"kind": kind}
             if kind == "regex":
@@ -417,6 +455,8 @@ class GraderConfig(BaseModel):
                 )
         elif self.function is not None:
             raise ValueError(f"grader {self.kind!r} takes no function")
+        if self.strict and self.kind not in STRICT_KINDS:
+            raise ValueError(f"grader {self.kind!r} has no strict mode ({', '.join(STRICT_KINDS)})")
         return self
 
     def label(self) -> str:
@@ -424,7 +464,7 @@ class GraderConfig(BaseModel):
 
     def to_spec(self) -> GraderSpec:
         """The grader as the plan holds it (plain)."""
-        return GraderSpec(str(self.kind), self.pattern, self.function)
+        return GraderSpec(str(self.kind), self.pattern, self.function, self.strict)
 
 
 def build_grader(config: GraderConfig | GraderSpec | str) -> GraderFn:
@@ -440,7 +480,10 @@ def build_grader(config: GraderConfig | GraderSpec | str) -> GraderFn:
     if cfg.kind == "python":
         assert cfg.function is not None
         return load_python_grader(cfg.function)
-    return GRADERS[typing.cast(GraderKind, cfg.kind)]
+    fn = GRADERS[typing.cast(GraderKind, cfg.kind)]
+    if getattr(cfg, "strict", False):
+        return functools.partial(fn, strict=True)  # type: ignore[call-arg]
+    return fn
 
 
 def grade(config: GraderConfig | str, text: str, reference: str) -> Grade:

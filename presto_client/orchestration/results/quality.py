@@ -248,6 +248,7 @@ def quality_summary(
                 test = mcnemar([correct[k] for k in keys], base_correct)
                 versus = {"baseline": base_arm, **test.as_dict()}
         n_correct = sum(correct.values())
+        fallback = sum(bool(r["grade"].get("fallback")) for r in by_key.values())
         out[arm] = {
             **acc.as_dict(),
             "prompts": len(per_prompt),
@@ -258,6 +259,7 @@ def quality_summary(
             "tokens_per_correct": sum(tokens) / n_correct if n_correct else None,
             "model_call_time_per_correct_s": sum(times) / n_correct if n_correct else None,
             "mcnemar": versus,
+            "graded_by_fallback": fallback,
         }
     return out
 
