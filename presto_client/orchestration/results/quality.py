@@ -33,9 +33,14 @@ GRADE_LIMIT_S = 10.0
 that backtracks for ever, a function that hangs) and the answer graded wrong, saying why."""
 
 
+GRADER_START_S = 120.0
+"""How long the grader's process may take to start (a loaded machine, math-verify's imports)."""
+
+
 def _grader_worker(config: GraderSpec, conn: Connection) -> None:
     """The grader's process: (text, reference) in, ``("ok", grade)`` or ``("error", why)`` out."""
     fn = build_grader(config)
+    conn.send(("ready", None))
     while True:
         try:
             text, reference = conn.recv()
@@ -65,7 +70,9 @@ class GraderProcess:
         """``("ok", grade dict)``, ``("error", why)`` or ``("timeout", why)``."""
         async with self._lock:
             if self._conn is None or not self._proc.is_alive():
-                self._start()
+                problem = await self._start()
+                if problem is not None:
+                    return "error", problem
             conn = self._conn
             assert conn is not None
             try:
@@ -84,7 +91,9 @@ class GraderProcess:
             self.close()
             return "timeout", f"grading took longer than {self.limit_s:g} s: stopped"
 
-    def _start(self) -> None:
+    async def _start(self) -> str | None:
+        """Start the process and wait until its grader is built (its start, imports included,
+        is no part of an answer's limit); what went wrong, or ``None``."""
         ctx = multiprocessing.get_context("spawn")
         here, there = ctx.Pipe()
         self._proc = ctx.Process(
@@ -93,6 +102,16 @@ class GraderProcess:
         self._proc.start()
         there.close()
         self._conn = here
+        try:
+            if await asyncio.to_thread(here.poll, GRADER_START_S) and here.recv()[0] == "ready":
+                return None
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        except (EOFError, OSError):
+            pass
+        self.close()
+        return f"the grader's process did not start within {GRADER_START_S:g} s"
 
     def close(self) -> None:
         """Stop the process (a later answer starts another)."""
