@@ -202,3 +202,15 @@ def test_a_researchers_first_commands_mean_what_they_say(
     assert load_prompts(cfg)[0].text == "Q: What is 2+2?"
     cfg = load(args, ["prompts.template={question}"])
     assert cfg.prompts.template == "{question}" and load_prompts(cfg)[0].text == "What is 2+2?"
+
+
+def test_samples_auto_matches_one_mh_chains_compute() -> None:
+    """Issue 50: the ready configs' ``samples: 8`` is ~5x less compute than one MH chain of their
+    shape (T 3,072 in 16 blocks of 192, K 10: 3,072 + 10 x 96 x (1 + ... + 16) = 133,632
+    tokens without EOS); ``samples: auto`` sizes best-of-N, majority vote and Power-SMC to it."""
+    cfg = load(build_parser().parse_args(["run", "math500"]), ["sampler.samples=auto"])
+    assert cfg.sampler.matched_samples() == round(133_632 / 3_072) == 44
+    assert cfg.sampler.method_size("best_of_n") == cfg.sampler.method_size("power_smc") == 44
+    assert cfg.sampler.method_size("stream") is None  # (the window: engine-sized)
+    with pytest.raises(ConfigError, match="samples"):
+        load(build_parser().parse_args(["run", "math500"]), ["sampler.samples=many"])

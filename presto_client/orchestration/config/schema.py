@@ -16,7 +16,7 @@ Reading a YAML file, ``--set`` overrides and error messages with field paths:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,7 +27,12 @@ from pydantic import (
 )
 
 from presto_client import defaults
-from presto_client.core.kernels import SAMPLER_KERNELS, sampler_names, sampler_settings
+from presto_client.core.kernels import (
+    SAMPLER_KERNELS,
+    make_kernel,
+    sampler_names,
+    sampler_settings,
+)
 from presto_client.core.methods import arm_traversal_names, get_method
 from presto_client.core.sample_baselines import DEFAULT_SAMPLES
 from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
@@ -271,11 +276,11 @@ class SamplerSettings(StrictModel):
         "in flight. null (the default): the engine sizes the window, from its measured cost and "
         "the slots its chains' heads need, up to every remaining transition of the block.",
     )
-    samples: int = Field(
+    samples: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         DEFAULT_SAMPLES,
-        ge=1,
         description="N of the sampling baselines: best_of_n and majority_vote draw N samples "
-        "per chain, power_smc runs N particles.",
+        "per chain, power_smc runs N particles. 'auto': the N whose samples cost what one MH "
+        "chain of this shape generates without EOS (matched_samples).",
     )
     smc_ess_threshold: float = Field(
         _CORE.smc_ess_threshold,
@@ -388,7 +393,20 @@ class SamplerSettings(StrictModel):
         """The size a method's arm runs with: ``n_pf`` (a round method), ``window``
         (``stream``) or ``None`` (a method without one)."""
         size = get_method(traversal).size
-        return {"round": self.n_pf, "window": self.window, "samples": self.samples}.get(size)
+        samples = self.matched_samples() if self.samples == "auto" else self.samples
+        return {"round": self.n_pf, "window": self.window, "samples": samples}.get(size)
+
+    def matched_samples(self) -> int:
+        """The N of compute-matched baselines: one MH chain, without EOS, generates its ``T``
+        tokens and, at each of the ``K`` transitions of block ``b``, a proposal from a cut
+        uniform over the response so far to the block's end (``b·B/2`` tokens on average, for
+        each of the kernel's sequences per proposal): ``T + K·s·(B/2)·nb(nb+1)/2`` tokens, or
+        N samples of ``T`` (PowerMH's cut law; the others' differ, and EOS shortens both)."""
+        total = self.block_size * self.num_blocks
+        per = make_kernel(self.to_sampler_config()).sequences_per_proposal
+        nb = self.num_blocks
+        chain = total + self.steps_per_block * per * self.block_size / 2 * nb * (nb + 1) / 2
+        return max(1, round(chain / total))
 
     @model_validator(mode="before")
     @classmethod

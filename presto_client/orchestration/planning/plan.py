@@ -214,6 +214,7 @@ def describe_plan(cfg: JobConfig, plan: JobPlan, finished: int = 0) -> str:
         f"  sampler {s.sampler}: alpha={s.alpha} tau={tau:g}"
         f" block_size={s.block_size} num_blocks={s.num_blocks} K={s.steps_per_block}"
         f" n_pf={s.n_pf} window={'engine-sized' if s.window is None else s.window}"
+        f" samples={s.samples if s.samples != 'auto' else f'auto={s.matched_samples()}'}"
         f" epsilon={s.epsilon} stop_at_eos={str(s.stop_at_eos).lower()}"
     )
     if s.stop_at_eos:
