@@ -477,13 +477,27 @@ _SIDE_BY_SIDE: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _maj_k(quality: Mapping[str, Mapping[str, Any]]) -> str:
+    ks = {int(q["maj_at_k"]["k"]) for q in quality.values() if q.get("maj_at_k")}
+    return str(ks.pop()) if len(ks) == 1 else "k"
+
+
 def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Sequence[str]) -> str:
     """The quality table (one arm a row), in ``arm_order`` then any other graded arm."""
 
     order = [a for a in arm_order if a in quality] + [a for a in quality if a not in arm_order]
     ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})})
+    ks = [] if ks == [1] else ks  # (pass@1 of one chain a prompt is the accuracy)
     header = ["arm", "graded", "accuracy\n[95% CI]", *(f"pass@{k}" for k in ks)]
-    header += ["vs reference\n(+/-, McNemar p)", "tokens/\nanswer", "call s/\nanswer"]
+    majority = any(q.get("maj_at_k") for q in quality.values())
+    header += [f"maj@{_maj_k(quality)}"] if majority else []
+    header += [
+        "vs reference\n(+/-, McNemar p)",
+        "tokens/\nanswer",
+        "compute\nvs ref",
+        "call s/\nanswer",
+    ]
+    reference_of = {a: q["mcnemar"]["baseline"] for a, q in quality.items() if q.get("mcnemar")}
     rows = []
     for arm in order:
         q = quality[arm]
@@ -499,14 +513,24 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
             pass_cells.append("-" if v is None else f"{100 * v:.1f}%")
         m = q.get("mcnemar")
         vs = "-" if not m else f"+{m['a_only']}/-{m['b_only']}, p={m['p_value']:.3g}"
+        maj = q.get("maj_at_k")
+        maj_cells = [] if not majority else ["-" if not maj else f"{100 * maj['accuracy']:.1f}%"]
+        ref = quality.get(reference_of.get(arm, arm if arm in reference_of.values() else ""))
+        ratio = (
+            f"{q['tokens_per_answer'] / ref['tokens_per_answer']:.2f}x"
+            if ref and ref.get("tokens_per_answer")
+            else "-"
+        )
         rows.append(
             [
                 arm,
                 str(q.get("n")),
                 acc_s,
                 *pass_cells,
+                *maj_cells,
                 vs,
                 f"{q['tokens_per_answer']:.1f}",
+                ratio,
                 f"{q['model_call_time_per_answer_s']:.3f}",
             ]
         )
@@ -514,8 +538,8 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
         {str(q["mcnemar"]["baseline"]) for q in quality.values() if q.get("mcnemar")}
     )
     legend = (
-        f"\nreference: {', '.join(references)} (paired by prompt and chain; +: right where the "
-        "reference is wrong, -: the other way)"
+        f"\nreference: {', '.join(references)}, paired by prompt and chain (+: right where the "
+        "reference\nis wrong, -: the other way); compute vs ref: tokens generated per answer"
         if references
         else ""
     )

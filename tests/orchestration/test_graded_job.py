@@ -295,6 +295,10 @@ def test_baselines_are_paired_with_power_sampling_where_no_sequential_ran() -> N
 
     table = format_quality_table(quality, ["e/stream", "e/low_temperature"])
     assert "reference: e/stream" in table and "+0/-5" in table
+    quality["e/low_temperature"]["tokens_per_answer"] = 5.0  # half the MH arm's compute
+    rows = format_quality_table(quality, ["e/stream", "e/low_temperature"]).splitlines()
+    assert next(r for r in rows if r.startswith("e/stream ")).split()[-2] == "1.00x"
+    assert next(r for r in rows if r.startswith("e/low_temperature ")).split()[-2] == "0.50x"
     assert "graded by fallback" not in table
     low[0]["grade"]["fallback"] = True  # a lenient grader's last-number answer: counted
     table = format_quality_table(quality_summary([*stream, *low]), ["e/low_temperature"])
