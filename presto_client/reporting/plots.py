@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -119,8 +120,8 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
     if curves:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for arm in arms:
-            if arm in curves:
-                xs, ys = curves[arm]
+            if arm in curves and len(curves[arm][0]) and max(curves[arm][0]) > 0:
+                xs, ys = curves[arm]  # (arms without transitions, the baselines: nothing to draw)
                 ax.step(xs, ys, where="post", label=arm, color=color[arm])
         ax.set_xlabel("completed transitions")
         ax.set_ylabel("cumulative model-call time, s (mean over chains)")
@@ -179,10 +180,30 @@ def write_plots(run: RunDir, out_dir: Path | None = None) -> list[Path]:
         written.append(_save(plt, fig, path))
     quality = summary.get("quality")
     if quality:  # graded runs only
+        title = _quality_title(run, quality)
         written.append(
-            plot_accuracy_vs_cost(plt, quality, arms, color, out / "accuracy_vs_cost.png")
+            plot_accuracy_vs_cost(plt, quality, arms, color, out / "accuracy_vs_cost.png", title)
         )
     return written
+
+
+def _quality_title(run: RunDir, quality: Mapping[str, Mapping[str, Any]]) -> str:
+    """What a reader of the plot must know: benchmark, answers graded, model, the MH budget."""
+    config = run.resolved_config()
+    sampler = config.get("sampler") or {}
+    models = {
+        str(i.get("model")).rpartition("/")[2]
+        for i in (run.run_info().get("engine_identity") or {}).values()
+        if isinstance(i, Mapping) and i.get("model")
+    }
+    graded = sorted({int(q.get("n") or 0) for q in quality.values()})
+    n = str(graded[0]) if len(graded) == 1 else f"{graded[0]}-{graded[-1]}"
+    budget = (
+        f"T = {sampler.get('block_size', '?')} x {sampler.get('num_blocks', '?')}, "
+        f"K = {sampler.get('steps_per_block', '?')}, alpha = {sampler.get('alpha', '?')}"
+    )
+    model = ", ".join(sorted(models)) or "model unknown"
+    return f"{config.get('name') or run.path.name}: n = {n} answers per arm; {model}; {budget}"
 
 
 def plot_accuracy_vs_cost(
@@ -191,35 +212,49 @@ def plot_accuracy_vs_cost(
     arms: Sequence[str],
     color: Mapping[str, str],
     path: Any,
+    title: str = "",
 ) -> Any:
     """``accuracy_vs_cost.png``: one point per graded arm, accuracy (95 % Wilson interval as the
-    error bar) against compute: tokens generated per answer (left) and model-call time per
-    answer (right), the picture of "better than what, at what cost"."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    error bar) against compute, the tokens generated per answer (log scale: a baseline's one
+    sample and an MH chain differ a hundredfold), each point named; points of nearly equal cost
+    are moved apart a little so that none hides another. (Seconds per answer are not a cost
+    here: arms sharing a server's slots measure their queueing.)"""
+    fig, ax = plt.subplots(figsize=(8, 5))
     order = [a for a in arms if a in quality] + [a for a in quality if a not in arms]
-    panels = (
-        ("tokens_per_answer", "tokens generated per answer"),
-        ("model_call_time_per_answer_s", "model-call time per answer, s"),
-    )
-    for ax, (key, label) in zip(axes, panels, strict=True):
-        for arm in order:
-            q = quality[arm]
-            acc = q.get("accuracy")
-            if acc is None or q.get(key) is None:
-                continue
-            x = float(q[key])
-            err = [[acc - q["ci95_low"]], [q["ci95_high"] - acc]]
-            name = f"{arm} (approximate)" if arm.endswith("/power_smc") else arm
-            ax.errorbar(
-                [x], [acc], yerr=err, fmt="o", capsize=4, label=name, color=color.get(arm, "C0")
-            )
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy (95% Wilson interval)")
-    axes[0].set_ylim(-0.02, 1.02)
-    fig.suptitle("Accuracy against compute, one point per arm")
-    axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arm")
+    placed: list[float] = []
+    labelled: list[tuple[float, float]] = []
+    for arm in order:
+        q = quality[arm]
+        acc, tokens = q.get("accuracy"), q.get("tokens_per_answer")
+        if acc is None or not tokens:
+            continue
+        x = float(tokens)
+        while any(abs(x / p - 1) < DODGE for p in placed):
+            x *= 1 + DODGE
+        placed.append(x)
+        err = [[acc - q["ci95_low"]], [q["ci95_high"] - acc]]
+        name = arm.rpartition("/")[2] + (" (approximate)" if arm.endswith("/power_smc") else "")
+        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4, label=arm, color=color.get(arm, "C0"))
+        near = sum(abs(acc - a) < 0.06 and abs(math.log(x / p)) < 0.25 for p, a in labelled)
+        labelled.append((x, acc))  # (names of nearby points stacked, not overlaid)
+        ax.annotate(
+            name, (x, acc), textcoords="offset points", xytext=(6, 4 + 12 * near), fontsize="small"
+        )
+    ax.set_xscale("log")
+    plain = plt.FuncFormatter(lambda v, _: f"{v:,.0f}")  # (not 4x10^1)
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set_xlabel("tokens generated per answer (log scale)")
+    ax.set_ylabel("accuracy (95% Wilson interval)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title("Accuracy against compute, one point per arm" + (f"\n{title}" if title else ""))
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arm")
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+DODGE = 0.04
+"""Points whose costs are within this share of each other are moved apart by it."""

@@ -203,6 +203,13 @@ async def test_report_plots_accuracy_against_cost(tmp_path: Path) -> None:
     files = write_plots(RunDir(tmp_path / "run"), tmp_path / "plots")
     assert tmp_path / "plots" / "accuracy_vs_cost.png" in files
     assert (tmp_path / "plots" / "accuracy_vs_cost.png").stat().st_size > 1000
+    # issue 50: the plot says what it shows (benchmark, answers per arm, budget)
+    from presto_client.orchestration.results.summary import summarize_run
+    from presto_client.reporting.plots import _quality_title
+
+    run = RunDir(tmp_path / "run")
+    title = _quality_title(run, summarize_run(run)["quality"])
+    assert title.startswith(f"{cfg.name}: n = 8 answers per arm") and "K = " in title
     # ungraded runs get no such plot
     await run_job_async(plan_of(make_config(tmp_path / "plain")))
     plain = write_plots(RunDir(tmp_path / "plain"), tmp_path / "plain_plots")
