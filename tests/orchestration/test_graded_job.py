@@ -315,3 +315,19 @@ def test_baselines_are_paired_with_power_sampling_where_no_sequential_ran() -> N
     with_seq = quality_summary([*stream, *low, *seq])
     assert with_seq["e/low_temperature"]["mcnemar"]["baseline"] == "e/sequential"
     assert with_seq["e/stream"]["mcnemar"]["baseline"] == "e/sequential"
+
+
+async def test_a_resume_with_another_grader_is_refused_naming_both(tmp_path: Path) -> None:
+    """Issue 50: a resumed run took a new grader silently (old chains kept the old grades, new
+    ones got the new grader's). The same grader resumes; another is refused, naming both."""
+    cfg = graded_config(tmp_path / "run")
+    await run_job_async(plan_of(cfg))
+    again = await run_job_async(plan_of(graded_config(tmp_path / "run")))
+    assert again.skipped == len(plan_of(cfg).chains)  # the same grader: resumed
+    other = make_config(
+        tmp_path / "run",
+        prompts={"token_ids": PROMPTS, "answers": ANSWERS},
+        grader="strict math",
+    )
+    with pytest.raises(ConfigError, match=r"graded by grader .*python.*grades with .*strict"):
+        await run_job_async(plan_of(other))

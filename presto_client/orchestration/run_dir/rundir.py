@@ -292,6 +292,25 @@ class RunDir:
 
     # --- opening a session ----------------------------------------------------------------------
 
+    def _check_grader(self, grader: Any) -> None:
+        """A run directory holds one grader's grades: a resume with another grader is refused
+        (its new chains would be graded otherwise than the finished ones, silently)."""
+
+        def plain(g: Any) -> Any:  # (fields at their default do not differ)
+            return (
+                {k: v for k, v in g.items() if v not in (None, False)} if isinstance(g, dict) else g
+            )
+
+        old = self.resolved_config().get("grader") if (self.path / CONFIG_FILE).exists() else None
+        graded = any("grade" in row for row in self.finished_chains().values())
+        if graded and plain(old) != plain(grader):
+            raise ConfigError(
+                f"{self.path}: its finished chains were graded by grader {plain(old)}, and this "
+                f"run grades with {plain(grader)}: one run directory holds one grader's grades. "
+                "Give the same grader to resume here, or write this run to another directory "
+                "(-o DIR)"
+            )
+
     def open(
         self,
         *,
@@ -330,6 +349,7 @@ class RunDir:
         merged_engines: dict[str, Any] = dict(dict(fingerprint).get("engines", {}))
         if self.exists():
             self.check_resumable(fingerprint)
+            self._check_grader(resolved_config.get("grader"))
             info = self.run_info()
             old = info.get("fingerprint", {})
             replanned = fingerprint_conflicts(old, fingerprint)
