@@ -8,6 +8,7 @@ one clear message and a non-zero exit (a traceback only with ``-v``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import signal
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--output", "-o", metavar="DIR", help="where to write the plots")
     report.add_argument("--no-plots", action="store_true", help="tables only")
+    report.add_argument(
+        "--regrade", metavar="GRADER", help="grade every finished chain again first (and keep it)"
+    )
     _common(report)
 
     cli_fit_predictor.add_parser(subs)
@@ -435,6 +439,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    from presto_client.orchestration.results.quality import regrade_run
     from presto_client.orchestration.results.summary import summarize_run
     from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.plots import write_plots
@@ -448,6 +453,9 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     combined: list[list[str]] = []
     for i, d in enumerate(args.run_dirs):
         run = RunDir(d)
+        if args.regrade:
+            n = asyncio.run(regrade_run(run, args.regrade))
+            print(f"{run.path}: {n} chain(s) graded again with {args.regrade}", file=out)
         summary = summarize_run(run)
         print(
             f"== {run.path} ({summary['chains_ok']} chain(s) ok, "

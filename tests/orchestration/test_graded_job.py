@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -331,3 +332,30 @@ async def test_a_resume_with_another_grader_is_refused_naming_both(tmp_path: Pat
     )
     with pytest.raises(ConfigError, match=r"graded by grader .*python.*grades with .*strict"):
         await run_job_async(plan_of(other))
+
+
+async def test_report_regrade_grades_every_chain_again_and_keeps_the_grader(
+    tmp_path: Path, grader_calls: Path
+) -> None:
+    """Issue 50: ``presto report RUN --regrade GRADER`` grades a finished run again (the way to
+    change a run's grader, since a resume with another one is refused) and records it, so that
+    a resume with the new grader goes on."""
+    from presto_client.cli import main
+
+    cfg = graded_config(tmp_path / "run")
+    first = await run_job_async(plan_of(cfg))
+    assert first.summary["quality"]
+    out = io.StringIO()
+    code = await asyncio.to_thread(
+        main, ["report", str(tmp_path / "run"), "--no-plots", "--regrade", "exact"], out=out
+    )
+    assert code == 0, out.getvalue()
+    n = len(plan_of(cfg).chains)
+    assert f"{n} chain(s) graded again with exact" in out.getvalue()
+    rows = lines(tmp_path / "run" / "samples.jsonl")
+    assert all(r["grade"]["extracted"] == " ".join(map(str, r["token_ids"])) for r in rows)
+    exact = make_config(
+        tmp_path / "run", prompts={"token_ids": PROMPTS, "answers": ANSWERS}, grader="exact"
+    )
+    again = await run_job_async(plan_of(exact))  # the new grader resumes
+    assert again.skipped == n

@@ -24,6 +24,7 @@ from presto_client.core.methods import traversal_names
 from presto_client.orchestration.planning.planned import GraderSpec
 from presto_client.orchestration.results.eval_stats import accuracy, mcnemar, mean_pass_at_k
 from presto_client.orchestration.results.grading import GraderFn, build_grader
+from presto_client.orchestration.run_dir.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +205,38 @@ def graded_answer_first(row: dict[str, Any]) -> None:
     texts = row.get("alternative_texts")
     if texts is not None:
         row["text"], texts[i] = texts[i], row["text"]
+
+
+async def regrade_run(run: RunDir, grader: str) -> int:
+    """Grade every finished chain of ``run`` again with ``grader`` (against the answers of its
+    config's prompts) and record that grader in its config, so that a resume keeps it; returns
+    how many chains were graded (``presto report --regrade``)."""
+    from presto_client.orchestration.config.loading import load_job_data, load_prompts
+    from presto_client.orchestration.results.grading import GraderConfig
+
+    spec = GraderConfig.model_validate(grader)
+    data = {**run.resolved_config(), "grader": spec.model_dump(mode="json")}
+    cfg = load_job_data(dict(data), source=str(run.path), base=run.path, name=run.path.name)
+    chain_grader = ChainGrader(spec.to_spec(), {p.index: p.answer for p in load_prompts(cfg)})
+    rows = run.samples()
+    graded = 0
+    try:
+        for row in rows:
+            if row.get("status") != "ok" or "token_ids" not in row:
+                continue
+            alternatives = answers_of(row.get("alternatives") or (), row.get("alternative_texts"))
+            grade = await chain_grader.grade(
+                int(row["prompt_index"]), row.get("text"), row["token_ids"], alternatives
+            )
+            row.pop("grade", None)
+            if grade is not None:
+                row["grade"] = grade
+                graded_answer_first(row)
+                graded += 1
+    finally:
+        chain_grader.close()
+    run.rewrite_samples(rows, data)
+    return graded
 
 
 def _pass_ks(max_n: int) -> list[int]:

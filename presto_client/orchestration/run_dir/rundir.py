@@ -392,6 +392,20 @@ class RunDir:
                 except OSError as exc:
                     logger.warning("could not remove %s: %s", tmp, exc)
 
+    def rewrite_samples(
+        self, samples: Sequence[Mapping[str, Any]], resolved_config: Mapping[str, Any]
+    ) -> None:
+        """Replace the sample lines and the resolved config at once (a re-grading), while no
+        session runs here (refused like a second session)."""
+        self._lock()
+        try:
+            atomic_write_text(self.path / SAMPLES_FILE, "".join(dumps(r) + "\n" for r in samples))
+            atomic_write_text(
+                self.path / CONFIG_FILE, yaml.safe_dump(dict(resolved_config), sort_keys=False)
+            )
+        finally:
+            self._unlock()
+
     def _unlock(self) -> None:
         if self._lock_fh is not None:
             self._lock_fh.close()  # closing the file releases the lock
