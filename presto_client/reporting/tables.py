@@ -543,6 +543,14 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
         if references
         else ""
     )
+    diffs = [
+        f"\n  {a}: {100 * q['mcnemar']['diff']:+.1f} [{100 * q['mcnemar']['diff_ci95_low']:+.1f}, "
+        f"{100 * q['mcnemar']['diff_ci95_high']:+.1f}]"
+        for a in order
+        if (q := quality[a]).get("mcnemar") and "diff" in q["mcnemar"]
+    ]
+    if diffs:
+        legend += "\naccuracy vs reference, in points (paired bootstrap, 95%):" + "".join(diffs)
     fell_back = [
         f"{a} {q['graded_by_fallback']}" for a, q in quality.items() if q.get("graded_by_fallback")
     ]

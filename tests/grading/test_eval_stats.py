@@ -71,3 +71,19 @@ def test_mcnemar_table_from_pairs() -> None:
     assert m.p_value == pytest.approx(1.0)
     with pytest.raises(ValueError):
         mcnemar([True], [True, False])
+
+
+def test_paired_bootstrap_of_the_accuracy_difference() -> None:
+    """Issue 50: a paired bootstrap beside McNemar (the difference in points, with its 95 %
+    percentile interval), reproducible for one run."""
+    from presto_client.orchestration.results.eval_stats import paired_bootstrap
+
+    a = [True] * 60 + [False] * 40
+    b = [True] * 40 + [False] * 60  # a is right on 20 more items, wrong on none b gets
+    diff, low, high = paired_bootstrap(a, b)
+    assert diff == pytest.approx(0.2) and 0.1 < low < 0.2 < high < 0.3
+    assert paired_bootstrap(a, b) == (diff, low, high)  # fixed seed
+    same = paired_bootstrap(a, a)
+    assert same == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="paired"):
+        paired_bootstrap(a, b[:3])

@@ -22,7 +22,12 @@ from typing import Any
 
 from presto_client.core.methods import traversal_names
 from presto_client.orchestration.planning.planned import GraderSpec
-from presto_client.orchestration.results.eval_stats import accuracy, mcnemar, mean_pass_at_k
+from presto_client.orchestration.results.eval_stats import (
+    accuracy,
+    mcnemar,
+    mean_pass_at_k,
+    paired_bootstrap,
+)
 from presto_client.orchestration.results.grading import GraderFn, build_grader
 from presto_client.orchestration.run_dir.rundir import RunDir
 
@@ -297,8 +302,11 @@ def quality_summary(
             keys = sorted(k for k in by_key if k in base)
             if keys:
                 base_correct = [bool(base[k]["grade"].get("correct")) for k in keys]
-                test = mcnemar([correct[k] for k in keys], base_correct)
-                versus = {"baseline": base_arm, **test.as_dict()}
+                mine = [correct[k] for k in keys]
+                test = mcnemar(mine, base_correct)
+                diff, low, high = paired_bootstrap(mine, base_correct)
+                versus = {"baseline": base_arm, **test.as_dict(), "diff": diff}
+                versus.update(diff_ci95_low=low, diff_ci95_high=high)
         n_correct = sum(correct.values())
         fallback = sum(bool(r["grade"].get("fallback")) for r in by_key.values())
         out[arm] = {
