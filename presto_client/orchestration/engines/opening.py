@@ -57,11 +57,18 @@ class OpenedEngine:
 
     @classmethod
     def of(
-        cls, e: PlannedEngine, replicas: Sequence[Any], job_max_concurrency: int
+        cls,
+        e: PlannedEngine,
+        replicas: Sequence[Any],
+        job_max_concurrency: int,
+        *,
+        capacity: int | None = None,
     ) -> OpenedEngine:
         """``replicas`` of the planned engine ``e``, each with a budget of its own sized from
-        the bounds its requests run under (the engine's and the job's)."""
-        capacity = min(e.max_concurrency, job_max_concurrency)
+        the bounds its requests run under (the engine's and the job's; ``capacity``: a Ray
+        worker's share of them instead). The one place an engine's budgets are made."""
+        if capacity is None:
+            capacity = min(e.max_concurrency, job_max_concurrency)
         return cls(
             e.name,
             e.kind,

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
 from presto_client.orchestration.engines.opening import OpenedEngine, probe_engine
 from presto_client.orchestration.engines.vocab_discovery import resolve_engine_vocab
@@ -98,14 +97,10 @@ class ChainWorker:
             replicas = e.opener.open_replicas(self.embedded_urls)
             for r in replicas:
                 self.stack.push_async_callback(r.aclose)
-            handle = OpenedEngine.of(e, replicas, share.max_concurrency)
-            handle.max_concurrency = share.engine_slots[name]
-            handle.budgets = SpeculationBudget.per_replica(
-                len(replicas),
-                share.budget_capacity[name],
-                tolerance=e.speculation_tolerance,
-                probe=e.speculation_probe,
+            handle = OpenedEngine.of(
+                e, replicas, share.max_concurrency, capacity=share.budget_capacity[name]
             )
+            handle.max_concurrency = share.engine_slots[name]
             if self.probe and e.probes:
                 handle.probes = await probe_engine(handle)
             # Each worker asks its servers, as the driver does (the driver's answer is not
