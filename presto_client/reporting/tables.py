@@ -486,9 +486,12 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
     """The quality table (one arm a row), in ``arm_order`` then any other graded arm."""
 
     order = [a for a in arm_order if a in quality] + [a for a in quality if a not in arm_order]
-    ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})})
-    ks = [] if ks == [1] else ks  # (pass@1 of one chain a prompt is the accuracy)
-    header = ["arm", "graded", "accuracy\n[95% CI]", *(f"pass@{k}" for k in ks)]
+    # (pass@1 is the accuracy; the engine, where all arms share one, is said once)
+    ks = sorted({int(k) for q in quality.values() for k in q.get("pass_at_k", {})} - {1})
+    engines = {a.rpartition("/")[0] for a in order}
+    prefix = f"{engines.pop()}/" if len(engines) == 1 else ""
+    header = [f"arm ({prefix[:-1]})" if prefix else "arm", "n", "accuracy\n[95% CI]"]
+    header += [f"pass@{k}" for k in ks]
     majority = any(q.get("maj_at_k") for q in quality.values())
     header += [f"maj@{_maj_k(quality)}"] if majority else []
     header += [
@@ -523,7 +526,7 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
         )
         rows.append(
             [
-                arm,
+                arm.removeprefix(prefix),
                 str(q.get("n")),
                 acc_s,
                 *pass_cells,
