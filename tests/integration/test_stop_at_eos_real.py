@@ -239,3 +239,43 @@ async def test_the_defaults_against_a_slotted_llama_server_finish_with_no_retry(
     assert result.completed == 2 * 4 and result.failed == 0
     said = [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
     assert not [m for m in said if "retry" in m.lower() or "timed out" in m.lower()], said
+
+
+@pytest.mark.llamacpp
+async def test_llamacpp_single_answer_baselines_stop_at_eos_and_count_what_they_generate(
+    llamacpp_server: str, tmp_path: Path
+) -> None:
+    """Issue 50: ``low_temperature`` and ``sample`` asked for the whole budget in one call and
+    continued past the EOS, so their tokens per answer (the cost axis) was the budget. They run
+    block by block and stop at the EOS: blocks below the budget, tokens generated about the
+    tokens kept (at most the last block's rest)."""
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [
+                    {"kind": "llamacpp", "name": "llamacpp", "base_url": llamacpp_server}
+                ],
+                "prompts": {"texts": QUESTIONS, "chat_template": True},
+                "sampler": {
+                    "alpha": 4.0,
+                    "block_size": 16,
+                    "num_blocks": 8,
+                    "traversals": ["low_temperature", "sample"],
+                },
+                "chains_per_prompt": 2,
+                "seed": 3,
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    cfg = load_job_config(config)
+    result = await run_job_async(make_plan(cfg, load_prompts(cfg)))
+    assert result.failed == 0 and result.completed == len(QUESTIONS) * 2 * 2
+    rows = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    stopped = [r for r in rows if r["stats"]["stopped_at_eos"]]
+    assert stopped, [r["stats"]["blocks_run"] for r in rows]
+    for r in stopped:
+        kept = len(r["token_ids"])
+        assert r["token_ids"][-1] == IM_END and r["stats"]["blocks_run"] < 8
+        assert kept <= r["stats"]["tokens_generated"] < kept + 16  # (the last block's rest)
