@@ -253,9 +253,7 @@ async def test_llamacpp_single_answer_baselines_stop_at_eos_and_count_what_they_
     config.write_text(
         yaml.safe_dump(
             {
-                "engines": [
-                    {"kind": "llamacpp", "name": "llamacpp", "base_url": llamacpp_server}
-                ],
+                "engines": [{"kind": "llamacpp", "name": "llamacpp", "base_url": llamacpp_server}],
                 "prompts": {"texts": QUESTIONS, "chat_template": True},
                 "sampler": {
                     "alpha": 4.0,
