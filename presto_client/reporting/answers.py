@@ -39,6 +39,21 @@ def _rank(row: Mapping[str, Any]) -> int:
     return 0 if traversal == BASELINE else 1 if samples_power(traversal) else 2
 
 
+def _extracted(rows: Iterable[Mapping[str, Any]], prompt: int, chain: int) -> list[str]:
+    """``arm: answer right|wrong`` of every graded arm's chain ``chain`` of ``prompt``."""
+    out = []
+    for row in sorted(rows, key=lambda r: (_rank(r), str(r.get("arm")))):
+        grade = row.get("grade")
+        if row.get("prompt_index") != prompt or row.get("chain_index") != chain:
+            continue
+        if isinstance(grade, Mapping):
+            found = grade.get("extracted")
+            shown = "nothing" if found is None else _clip(str(found), 24)
+            name = str(row.get("arm")).rpartition("/")[2]
+            out.append(f"{name} {shown} {'right' if grade.get('correct') else 'wrong'}")
+    return out
+
+
 def format_answers(
     samples: Iterable[Mapping[str, Any]],
     prompts: Mapping[int, str],
@@ -76,6 +91,17 @@ def format_answers(
                 break_long_words=True,
             )
         )
+        graded = _extracted(ok, i, int(row.get("chain_index", 0) or 0))
+        if graded:  # (each arm's answer to it, as its grader read it)
+            lines.extend(
+                textwrap.wrap(
+                    "answers graded: " + "; ".join(graded),
+                    WIDTH,
+                    initial_indent="  ",
+                    subsequent_indent="    ",
+                    break_long_words=True,
+                )
+            )
     if len(indices) > limit:
         lines.append(f"({len(indices) - limit} more prompt(s) in samples.jsonl)")
     return "\n".join(lines)

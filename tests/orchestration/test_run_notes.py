@@ -101,3 +101,16 @@ def test_the_answers_are_power_samplings_where_no_sequential_ran() -> None:
     text = format_answers(samples, {0: "Q?"})
     assert "e/stream, chain 0: power sampling's answer" in text
     assert "best_of_n" not in text
+
+
+def test_each_arms_graded_answer_is_printed_under_the_shown_one() -> None:
+    """Issue 50: the extracted answer of each arm, as its grader read it, beside the text."""
+    samples = [
+        _row("stream", 0, 0, "so \\boxed{5}", grade={"correct": True, "extracted": "5"}),
+        _row("best_of_n", 0, 0, "7", grade={"correct": False, "extracted": "7"}),
+        _row("sample", 0, 0, "no idea", grade={"correct": False, "extracted": None}),
+        _row("stream", 0, 1, "\\boxed{6}", grade={"correct": False, "extracted": "6"}),
+    ]
+    text = format_answers(samples, {0: "2+3?"})
+    assert "answers graded: stream 5 right; best_of_n 7 wrong; sample nothing wrong" in text
+    assert "6" not in text.split("answers graded:")[1]  # chain 0's, the one shown
