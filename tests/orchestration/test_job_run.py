@@ -285,3 +285,18 @@ async def test_a_stream_arm_runs_with_its_window_and_replays_the_baseline(tmp_pa
             assert s["token_ids"] == by[("sequential", p, c)]["token_ids"]
     arms = {a["arm"]: a for a in result.summary["arms"]}
     assert arms["ref/stream"]["identical_to_baseline"] == len(PROMPTS) * 2
+
+
+async def test_the_failure_budgets_message_counts_every_failed_chain_written(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: chains failing together after the budget was exceeded were written as failed
+    rows but not counted in the message ("2 chain(s) failed" over 4 failed rows)."""
+    cfg = make_config(tmp_path / "run", max_failed_chains=1, max_active_chains=8)
+    plan = plan_of(cfg)
+    broken = CountingEngine(reference_engine(), fail_if=lambda prefix: True)
+    with pytest.raises(JobFailedError) as err:
+        await run_job_async(plan, engine_overrides={"ref": [broken]})
+    failed = [s for s in lines(tmp_path / "run" / "samples.jsonl") if s["status"] == "failed"]
+    assert len(failed) > 2  # (several chains were failing together)
+    assert f"{len(failed)} chain(s) failed, more than the failure budget of 1" in str(err.value)

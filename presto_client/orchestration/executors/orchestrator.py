@@ -401,6 +401,8 @@ class Orchestrator:
         self.finish = finish
         self.result = OrchestratorResult()
         self._fatal: JobFailedError | None = None
+        self._tripped: ChainOutcome | None = None
+        """The failed chain that exceeded the failure budget (its error is the one shown)."""
         self._warm_locks: dict[tuple[str, int, str], asyncio.Lock] = {}
         self._warmed: set[tuple[str, int, str]] = set()
 
@@ -499,6 +501,7 @@ class Orchestrator:
                 return  # the job is stopping already
             if len(self.result.failed) > self.max_failed_chains:
                 queue.clear()
+                self._tripped = outcome
                 self._fatal = failure_budget_error(
                     len(self.result.failed), self.max_failed_chains, outcome
                 )
@@ -534,5 +537,10 @@ class Orchestrator:
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
+            if self._fatal is not None and self._tripped is not None:
+                # (counted once every chain stopped: as many as the failed rows written)
+                self._fatal = failure_budget_error(
+                    len(self.result.failed), self.max_failed_chains, self._tripped
+                )
             raise self._fatal or errors[0]  # type: ignore[misc]
         return self.result
