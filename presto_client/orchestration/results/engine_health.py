@@ -27,7 +27,8 @@ def engine_health(metrics: Iterable[Mapping[str, Any]]) -> EngineHealth:
     return EngineHealth(cache_hit_rates(rows), engines_restarted(rows), engines_drift(rows))
 
 
-def _number(value: Any) -> float:
+def as_number(value: Any) -> float:
+    """``value`` as a finite float (0 for anything else: a missing or broken figure)."""
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -35,7 +36,7 @@ def _number(value: Any) -> float:
     return out if math.isfinite(out) else 0.0
 
 
-def _share(a: float, b: float) -> float | None:
+def ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
@@ -47,7 +48,7 @@ def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | N
     for row in metrics:
         engine = str(row.get("engine"))
         q, h = row.get("queries"), row.get("hits")
-        if q is None or _number(q) < 0 or _number(h) < 0:
+        if q is None or as_number(q) < 0 or as_number(h) < 0:
             if q is not None:
                 logger.warning(
                     "metrics of engine %s, session %s: negative prefix-cache counts (the "
@@ -57,16 +58,18 @@ def cache_hit_rates(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float | N
                 )
             queries.setdefault(engine, 0.0)
             continue
-        queries[engine] = queries.get(engine, 0.0) + _number(q)
-        hits[engine] = hits.get(engine, 0.0) + _number(h)
-    rates = {e: _share(hits.get(e, 0.0), q) for e, q in queries.items()}
+        queries[engine] = queries.get(engine, 0.0) + as_number(q)
+        hits[engine] = hits.get(engine, 0.0) + as_number(h)
+    rates = {e: ratio(hits.get(e, 0.0), q) for e, q in queries.items()}
     return {e: None if r is None else min(max(r, 0.0), 1.0) for e, r in rates.items()}
 
 
 def engines_restarted(metrics: Iterable[Mapping[str, Any]]) -> set[str]:
     """The engines a replica of which restarted during a session: their hit rate covers only
     what that replica served after its restart."""
-    return {str(row.get("engine")) for row in metrics if _number(row.get("restarted_replicas")) > 0}
+    return {
+        str(row.get("engine")) for row in metrics if as_number(row.get("restarted_replicas")) > 0
+    }
 
 
 def engines_drift(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:

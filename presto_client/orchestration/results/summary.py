@@ -31,7 +31,12 @@ from typing import Any
 import numpy as np
 
 from presto_client.core.methods import METHODS, SEQUENTIAL, replaying_names, traversal_names
-from presto_client.orchestration.results.engine_health import EngineHealth, engine_health
+from presto_client.orchestration.results.engine_health import (
+    EngineHealth,
+    as_number,
+    engine_health,
+    ratio,
+)
 from presto_client.orchestration.run_dir.rundir import RunDir, latest_by_chain
 
 logger = logging.getLogger(__name__)
@@ -63,18 +68,6 @@ _SUM_KEYS = (
     "model_call_time_s",
     "extend_time_s",
 )
-
-
-def as_number(value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return out if math.isfinite(out) else 0.0
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
 
 
 EQUIVALENCE_METRICS: tuple[tuple[str, str], ...] = (
@@ -352,16 +345,16 @@ def _work_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "calls": int(rounds),
         "transitions": int(totals["transitions"]),
-        "transitions_per_call": _ratio(totals["transitions"], rounds),
-        "requests_per_call": _ratio(issued, rounds),
+        "transitions_per_call": ratio(totals["transitions"], rounds),
+        "requests_per_call": ratio(issued, rounds),
         "requests_issued": int(issued),
         "requests_used": int(totals["requests_used"]),
-        "wasted_share": _ratio(issued - totals["requests_used"], issued),
+        "wasted_share": ratio(issued - totals["requests_used"], issued),
         "extend_calls": int(totals["extend_calls"]),
         "tighten_calls": int(totals["tighten_calls"]),
         "tokens_generated": int(totals["tokens_generated"]),
-        "acceptance_rate": _ratio(totals["accepts"], totals["transitions"]),
-        "eps_certain_share": _ratio(totals["eps_certain"], totals["transitions"]),
+        "acceptance_rate": ratio(totals["accepts"], totals["transitions"]),
+        "eps_certain_share": ratio(totals["eps_certain"], totals["transitions"]),
         "ambiguous": int(totals["ambiguous"]),
         "requests_cancelled": int(totals["requests_cancelled"]),
         "early_rejects": int(totals["early_rejects"]),
@@ -377,7 +370,7 @@ def _work_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "extend_time_s": totals["extend_time_s"],
         # Engine health: |log Z| at the cut seen by x and by y (same context), in nats.
         "drift_max": max(drifts) if drifts else None,
-        "seconds_per_call": _ratio(totals["model_call_time_s"], rounds),
+        "seconds_per_call": ratio(totals["model_call_time_s"], rounds),
     }
 
 
@@ -403,14 +396,14 @@ class _BaselinePairs:
             b = base.get(key)
             if b is None:
                 continue
-            s = _ratio(
+            s = ratio(
                 as_number((b.get("stats") or {}).get("model_call_time_s")),
                 as_number((r.get("stats") or {}).get("model_call_time_s")),
             )
             out.identical += int(b.get("token_ids") == r.get("token_ids"))
             b_wall, r_wall = _chain_wall(b), _chain_wall(r)
             if b_wall is not None and r_wall is not None:
-                s_wall = _ratio(b_wall, r_wall)
+                s_wall = ratio(b_wall, r_wall)
                 if s_wall is not None:
                     out.wall_speedups.append(s_wall)
             if s is not None:
