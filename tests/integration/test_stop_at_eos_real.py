@@ -149,6 +149,29 @@ async def test_llamacpp_chains_stop_at_the_models_eos(llamacpp_server: str) -> N
         await eng.aclose()
 
 
+def _llamacpp_job(
+    tmp_path: Path,
+    engine: dict[str, Any],
+    sampler: dict[str, Any],
+    *,
+    chains_per_prompt: int = 1,
+    seed: int = 3,
+) -> Any:
+    """A job of QUESTIONS (chat-templated) on the llama-server ``engine`` names, no EOS in it,
+    written as a user's YAML file and loaded as ``presto run`` loads it."""
+    config = tmp_path / "job.yaml"
+    job = {
+        "engines": [{"kind": "llamacpp", "name": "llamacpp", **engine}],
+        "prompts": {"texts": QUESTIONS, "chat_template": True},
+        "sampler": {"alpha": 4.0, **sampler},
+        "chains_per_prompt": chains_per_prompt,
+        "seed": seed,
+        "output_dir": str(tmp_path / "run"),
+    }
+    config.write_text(yaml.safe_dump(job))
+    return load_job_config(config)
+
+
 @pytest.mark.llamacpp
 async def test_llamacpp_job_without_eos_token_id_stops_at_the_eos_the_server_states(
     llamacpp_server: str, tmp_path: Path
@@ -156,33 +179,11 @@ async def test_llamacpp_job_without_eos_token_id_stops_at_the_eos_the_server_sta
     """A researcher's own llama-server, no eos_token_id in the config: the EOS is the one its
     /props names (its chat template cannot tell: llama-server renders an open and a closed
     assistant turn alike), recorded in run.json, and chains stop at it."""
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "engines": [
-                    {
-                        "kind": "llamacpp",
-                        "name": "llamacpp",
-                        "base_url": llamacpp_server,
-                        "request_timeout_s": 600.0,
-                        "max_concurrency": 4,
-                    }
-                ],
-                "prompts": {"texts": QUESTIONS, "chat_template": True},
-                "sampler": {
-                    "alpha": 4.0,
-                    "block_size": 16,
-                    "num_blocks": 8,
-                    "steps_per_block": 2,
-                    "traversals": ["sequential"],
-                },
-                "seed": 3,
-                "output_dir": str(tmp_path / "run"),
-            }
-        )
+    cfg = _llamacpp_job(
+        tmp_path,
+        {"base_url": llamacpp_server, "request_timeout_s": 600.0, "max_concurrency": 4},
+        {"block_size": 16, "num_blocks": 8, "steps_per_block": 2, "traversals": ["sequential"]},
     )
-    cfg = load_job_config(config)
     assert cfg.engines[0].eos_token_id is None
     result = await run_job_async(make_plan(cfg, load_prompts(cfg)))
     assert result.completed == len(QUESTIONS) and result.failed == 0
@@ -206,33 +207,13 @@ async def test_the_defaults_against_a_slotted_llama_server_finish_with_no_retry(
     with not one retry. (On this small model the server's queue stays short even without the
     client's gate: the test that fails without it is test_llamacpp_adapter's
     test_requests_wait_for_a_free_slot_in_the_client_not_in_the_servers_queue.)"""
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "engines": [
-                    {
-                        "kind": "llamacpp",
-                        "name": "llamacpp",
-                        "base_url": llamacpp_server,
-                        "request_timeout_s": 30.0,
-                    }
-                ],
-                "prompts": {"texts": QUESTIONS, "chat_template": True},
-                "sampler": {
-                    "alpha": 4.0,
-                    "block_size": 16,
-                    "num_blocks": 2,
-                    "steps_per_block": 3,
-                    "traversals": ["stream"],
-                },
-                "chains_per_prompt": 4,
-                "seed": 5,
-                "output_dir": str(tmp_path / "run"),
-            }
-        )
+    cfg = _llamacpp_job(
+        tmp_path,
+        {"base_url": llamacpp_server, "request_timeout_s": 30.0},
+        {"block_size": 16, "num_blocks": 2, "steps_per_block": 3, "traversals": ["stream"]},
+        chains_per_prompt=4,
+        seed=5,
     )
-    cfg = load_job_config(config)
     assert cfg.engines[0].max_concurrency > 4 and cfg.max_active_chains is None  # defaults
     with caplog.at_level("WARNING"):
         result = await run_job_async(make_plan(cfg, load_prompts(cfg)))
@@ -249,25 +230,12 @@ async def test_llamacpp_single_answer_baselines_stop_at_eos_and_count_what_they_
     continued past the EOS, so their tokens per answer (the cost axis) was the budget. They run
     block by block and stop at the EOS: blocks below the budget, tokens generated about the
     tokens kept (at most the last block's rest)."""
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "engines": [{"kind": "llamacpp", "name": "llamacpp", "base_url": llamacpp_server}],
-                "prompts": {"texts": QUESTIONS, "chat_template": True},
-                "sampler": {
-                    "alpha": 4.0,
-                    "block_size": 16,
-                    "num_blocks": 8,
-                    "traversals": ["low_temperature", "sample"],
-                },
-                "chains_per_prompt": 2,
-                "seed": 3,
-                "output_dir": str(tmp_path / "run"),
-            }
-        )
+    cfg = _llamacpp_job(
+        tmp_path,
+        {"base_url": llamacpp_server},
+        {"block_size": 16, "num_blocks": 8, "traversals": ["low_temperature", "sample"]},
+        chains_per_prompt=2,
     )
-    cfg = load_job_config(config)
     result = await run_job_async(make_plan(cfg, load_prompts(cfg)))
     assert result.failed == 0 and result.completed == len(QUESTIONS) * 2 * 2
     rows = read_jsonl(tmp_path / "run" / "samples.jsonl")
