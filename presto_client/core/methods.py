@@ -27,6 +27,7 @@ from presto_client.core.sample_baselines import (
     MajorityVoteRunner,
     PowerSMCRunner,
     SampleSetRunner,
+    SharedDraws,
 )
 from presto_client.core.sequential_runner import SequentialRunner
 from presto_client.core.settings import ROUND_SIZE, WINDOW, SamplerConfig
@@ -59,6 +60,8 @@ class ChainSetup:
     budget: SpeculationBudget
     """The speculation budget of the chain's engine, shared by the chains on it."""
     predictor: CertaintyPredictor | None = None
+    draws: SharedDraws | None = None
+    """The sample draws of the chain's engine that arms reading the same samples share."""
 
 
 RunnerFactory = Callable[[ChainSetup], ChainRunner]
@@ -242,7 +245,14 @@ def sample_set_method(name: str, runner: type[SampleSetRunner], description: str
     """A baseline arm of ``N`` samples (``N``: the job's ``samples``)."""
 
     def make(setup: ChainSetup) -> ChainRunner:
-        return runner(setup.engine, setup.sampler, setup.seed, setup.on_round, samples=setup.size)
+        return runner(
+            setup.engine,
+            setup.sampler,
+            setup.seed,
+            setup.on_round,
+            samples=setup.size,
+            draws=setup.draws,
+        )
 
     return Method(name, "baseline", make, "samples", False, description)
 

@@ -14,6 +14,7 @@ from presto_client.core.engine_protocol import Engine
 from presto_client.core.methods import ChainSetup, get_method
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.presto_runner import PrestoRunner
+from presto_client.core.sample_baselines import SharedDraws
 from presto_client.core.sequential_runner import SequentialRunner
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
@@ -24,6 +25,7 @@ __all__ = [
     "PrestoRunner",
     "RoundCallback",
     "SequentialRunner",
+    "SharedDraws",
     "chain_budget",
     "run_chain",
 ]
@@ -46,13 +48,15 @@ async def run_chain(
     on_round: RoundCallback | None = None,
     predictor: CertaintyPredictor | None = None,
     budget: SpeculationBudget | None = None,
+    draws: SharedDraws | None = None,
 ) -> ChainResult:
     """Run one chain of the method ``traversal`` (``sequential``, a PreSTO rule, a baseline).
 
     ``n_pf`` is the method's size: the round size of a round method, the window of ``stream``
     (ignored by a method without one); ``None``: the method's default. ``budget`` is the
     speculation budget of the engine, shared by the chains on it (its owner, the one who opened
-    the engine, hands it in); ``None``: a budget of this chain's own.
+    the engine, hands it in); ``None``: a budget of this chain's own. ``draws``: the engine's
+    :class:`SharedDraws`, through which a job's ``best_of_n`` and ``majority_vote`` read one draw.
     """
     method = get_method(traversal)
     size = method.default_size() if n_pf is None or method.size == "none" else n_pf
@@ -64,5 +68,6 @@ async def run_chain(
         size,
         budget if budget is not None else chain_budget(engine),
         predictor,
+        draws,
     )
     return await method.make_runner(setup).run(prompt_ids)

@@ -17,14 +17,20 @@ reviewers ask for, in the same job and table as the MH arms, on the same prompts
 under the stop rule (``stop_at_eos``) a sample whose response holds an EOS after a block stops
 there, as an MH chain does, and the arm stops when every sample has. Every draw (seeds,
 resampling, the final pick) is keyed by the chain's seed: a rerun gives the same answers.
+
+``best_of_n`` and ``majority_vote`` draw the same ``N`` samples for the same seed, so a job that
+runs both reads one draw twice (:class:`SharedDraws`): one pays for the samples, the other reads
+them (``stats.shared_draw``), and each answers from them by its own rule.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,6 +38,7 @@ from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallb
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.state import ChainState
+from presto_client.core.stats import ChainStats
 
 DEFAULT_SAMPLES = 8
 """``N`` of a sampling baseline when the job names none: a common maj@N / best-of-N size."""
@@ -44,6 +51,48 @@ class _Sample:
     done: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Draw:
+    states: tuple[ChainState, ...]
+    stats: ChainStats
+    """The drawing runner's statistics when its samples were complete (calls, tokens, blocks)."""
+
+
+class SharedDraws:
+    """The sample draws of one engine's arms that read the same samples (``best_of_n`` and
+    ``majority_vote`` for one prompt and seed): the first arm to ask draws, the second reads
+    the draw and drops it. A cache only: a draw that nobody reads is pushed out after ``keep``
+    newer ones (the plan runs the two arms of a chain next to each other), and an arm that
+    finds none, or whose drawer failed, draws its own, which is the same draw. The answers
+    never depend on it; the compute does."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep
+        self._draws: OrderedDict[Hashable, asyncio.Future[_Draw | None]] = OrderedDict()
+
+    async def draw(self, key: Hashable, make: Callable[[], Awaitable[_Draw]]) -> tuple[_Draw, bool]:
+        """The draw of ``key`` and whether another arm paid for it."""
+        pending = self._draws.pop(key, None)
+        if pending is not None:
+            # shielded: a reader cancelled while it waits must not cancel the drawer's future
+            drawn = await asyncio.shield(pending)
+            if drawn is not None:
+                return drawn, True
+        future: asyncio.Future[_Draw | None] = asyncio.get_running_loop().create_future()
+        self._draws[key] = future
+        while len(self._draws) > self.keep:
+            self._draws.popitem(last=False)
+        try:
+            drawn = await make()
+        except BaseException:
+            future.set_result(None)  # (a reader waiting on it draws its own)
+            if self._draws.get(key) is future:
+                del self._draws[key]
+            raise
+        future.set_result(drawn)
+        return drawn, False
+
+
 class SampleSetRunner(ChainRunner):
     """``N`` samples of a prompt generated together, block by block (one engine call a block
     for the samples still running). Subclasses choose the temperature, weigh and resample
@@ -53,6 +102,9 @@ class SampleSetRunner(ChainRunner):
     """Sample at the proposal temperature ``τ`` (Power-SMC) rather than at 1 (the base model)."""
     keeps_alternatives = False
     """Whether the other samples travel with the answer (:attr:`ChainResult.alternatives`)."""
+    reads_shared_draw = False
+    """Whether the samples are plain base-model samples that another arm of the job may have
+    drawn already (:class:`SharedDraws`): not for an arm that weighs or resamples as it goes."""
 
     def __init__(
         self,
@@ -62,8 +114,10 @@ class SampleSetRunner(ChainRunner):
         on_round: RoundCallback | None,
         *,
         samples: int | None = None,
+        draws: SharedDraws | None = None,
     ) -> None:
         super().__init__(engine, sampler, seed, on_round)
+        self.draws = draws if self.reads_shared_draw else None
         self.samples = DEFAULT_SAMPLES if samples is None else samples
         if self.samples < 1:
             raise ValueError(f"a sampling baseline needs at least one sample, got {self.samples}")
@@ -82,6 +136,33 @@ class SampleSetRunner(ChainRunner):
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:
         started = time.perf_counter()
         prompt = tuple(int(t) for t in prompt_ids)
+        if self.draws is None:
+            particles = await self._draw(prompt)
+        else:
+            key = (prompt, self.randomness.seed, self.samples, self.temperature, self.config)
+            drawn, shared = await self.draws.draw(key, lambda: self._recorded_draw(prompt))
+            particles = [_Sample(state, 0.0, True) for state in drawn.states]
+            if shared:
+                self.stats = replace(drawn.stats, call_wall_s=list(drawn.stats.call_wall_s))
+                self.stats.shared_draw = True
+        self.stats.stopped_at_eos = self.stats.blocks_run < self.config.num_blocks
+        self.stats.chain_wall_s = time.perf_counter() - started
+        chosen = self._answer(particles)
+        result = self._result(particles[chosen].state)
+        result.alternatives = (
+            tuple(self._truncated(p.state) for i, p in enumerate(particles) if i != chosen)
+            if self.keeps_alternatives
+            else ()
+        )
+        return result
+
+    async def _recorded_draw(self, prompt: tuple[int, ...]) -> _Draw:
+        particles = await self._draw(prompt)
+        stats = replace(self.stats, call_wall_s=list(self.stats.call_wall_s))
+        return _Draw(tuple(p.state for p in particles), stats)
+
+    async def _draw(self, prompt: tuple[int, ...]) -> list[_Sample]:
+        """The ``N`` samples, block by block, as this arm weighs and resamples them."""
         empty = ScoredTokens.empty(1, False)
         particles = [_Sample(ChainState(prompt, empty)) for _ in range(self.samples)]
         for block in range(self.config.num_blocks):
@@ -124,16 +205,7 @@ class SampleSetRunner(ChainRunner):
                 p.log_weight += self._log_increment(extension)
                 p.done = self._stops(p.state)
             particles = self._after_block(particles, block)
-        self.stats.stopped_at_eos = self.stats.blocks_run < self.config.num_blocks
-        self.stats.chain_wall_s = time.perf_counter() - started
-        chosen = self._answer(particles)
-        result = self._result(particles[chosen].state)
-        result.alternatives = (
-            tuple(self._truncated(p.state) for i, p in enumerate(particles) if i != chosen)
-            if self.keeps_alternatives
-            else ()
-        )
-        return result
+        return particles
 
     def _log_increment(self, extension: ScoredTokens) -> float:
         return 0.0
@@ -149,6 +221,8 @@ class BestOfNRunner(SampleSetRunner):
     """``N`` base-model samples; the answer is the one the model itself finds most likely (the
     highest mean ``log p0`` per token of its EOS-truncated response)."""
 
+    reads_shared_draw = True
+
     def _answer(self, particles: list[_Sample]) -> int:
         def mean_logp0(p: _Sample) -> float:
             n = len(self._truncated(p.state))
@@ -162,6 +236,7 @@ class MajorityVoteRunner(SampleSetRunner):
     """``N`` base-model samples, all kept: the grader scores the chain by their majority."""
 
     keeps_alternatives = True
+    reads_shared_draw = True
 
 
 class PowerSMCRunner(SampleSetRunner):

@@ -118,6 +118,9 @@ class ChainStats:
     """Mean ``log p0`` per token of the final (EOS-truncated) response: its likelihood."""
     final_mean_neg_entropy: float | None = None
     """Mean ``−H_t`` over the final response (confidence), where the state keeps entropies."""
+    shared_draw: bool = False
+    """The chain's samples were drawn by another arm of the job (``best_of_n`` and
+    ``majority_vote`` read one draw): its calls and tokens are that draw's, paid once."""
 
     @property
     def model_call_time_s(self) -> float:
@@ -188,4 +191,5 @@ class ChainStats:
             "response_tokens": self.response_tokens,
             "final_mean_logp0": self.final_mean_logp0,
             "final_mean_neg_entropy": self.final_mean_neg_entropy,
+            "shared_draw": self.shared_draw,
         }

@@ -265,7 +265,11 @@ def _with_eos(sampler: SamplerConfig, eos: int | None) -> SamplerConfig:
 
 def write_summary(run: RunDir, plan: JobPlan) -> dict[str, Any]:
     summary = summarize(
-        run.samples(), run.metrics(), job=plan.settings.name, engine_order=list(plan.engines)
+        run.samples(),
+        run.metrics(),
+        job=plan.settings.name,
+        engine_order=list(plan.engines),
+        compare_to=plan.settings.compare_to,
     )
     run.write_summary(summary, summary_rows(summary))
     return summary

@@ -113,7 +113,7 @@ def format_comparison(
     shown = [str(a["arm"]) for a in summary.get("arms", [])]
     quality = {a: q for a, q in (summary.get("quality") or {}).items() if a in shown}
     if quality:  # graded runs only
-        from presto_client.reporting.tables import format_quality_table
+        from presto_client.reporting.quality_table import format_quality_table
 
         parts.append("Answer quality (graded):\n" + format_quality_table(quality, shown))
     parts.append("Every figure per arm and more: the run's summary.json and summary.csv.")

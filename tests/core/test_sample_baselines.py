@@ -8,6 +8,7 @@ samples a majority vote keeps.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
-from presto_client.core.sample_baselines import PowerSMCRunner
+from presto_client.core.sample_baselines import PowerSMCRunner, SharedDraws
 from presto_client.core.sampler_config import SamplerConfig
 from tests.support import exact_law as exact
 
@@ -117,3 +118,127 @@ async def test_power_smc_resamples_only_below_its_threshold() -> None:
         seen[threshold] = resampled
     assert not any(seen[1e-9])  # the ESS never falls below ~0
     assert any(seen[1.0])  # unequal weights always fall below N
+
+
+class _CountingEngine(ReferenceEngine):
+    """The reference engine, counting its proposal calls (and failing them on demand)."""
+
+    def __init__(self, model: ReferenceModel, fail: bool = False) -> None:
+        super().__init__(model)
+        self.calls = 0
+        self.fail = fail
+
+    async def generate(self, requests):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.fail:
+            raise ConnectionError("the server went away")
+        return await super().generate(requests)
+
+
+async def test_best_of_n_and_majority_vote_read_one_draw_with_the_answers_of_two() -> None:
+    model = ReferenceModel(6, seed=3)
+    config = SamplerConfig(block_size=4, num_blocks=3, eos_token_id=5)
+    for seed in range(6):
+        alone = {}
+        for arm in ("best_of_n", "majority_vote"):
+            alone[arm] = await run_chain(
+                ReferenceEngine(model), PROMPT, config, traversal=arm, n_pf=5, seed=seed
+            )
+        engine = _CountingEngine(model)
+        draws = SharedDraws()
+        together = await asyncio.gather(
+            *(
+                run_chain(engine, PROMPT, config, traversal=arm, n_pf=5, seed=seed, draws=draws)
+                for arm in ("majority_vote", "best_of_n")
+            )
+        )
+        # One draw's calls (a block each while a sample runs), not two.
+        assert engine.calls == alone["best_of_n"].stats.rounds
+        for arm, result in zip(("majority_vote", "best_of_n"), together, strict=True):
+            assert result.token_ids == alone[arm].token_ids
+            assert result.alternatives == alone[arm].alternatives
+            assert result.stats.tokens_generated == alone[arm].stats.tokens_generated
+            assert result.stats.blocks_run == alone[arm].stats.blocks_run
+        assert [r.stats.shared_draw for r in together] == [False, True]
+        assert not draws._draws  # read, then dropped
+
+
+async def test_a_failed_drawer_leaves_the_reader_to_draw_its_own() -> None:
+    model = ReferenceModel(6, seed=3)
+    config = SamplerConfig(block_size=4, num_blocks=2)
+    draws = SharedDraws()
+    broken = _CountingEngine(model, fail=True)
+    good = _CountingEngine(model)
+    first = asyncio.ensure_future(
+        run_chain(broken, PROMPT, config, traversal="best_of_n", n_pf=3, seed=1, draws=draws)
+    )
+    await asyncio.sleep(0)  # the drawer holds the draw before the reader asks
+    second = await run_chain(
+        good, PROMPT, config, traversal="majority_vote", n_pf=3, seed=1, draws=draws
+    )
+    with pytest.raises(ConnectionError):
+        await first
+    alone = await run_chain(
+        ReferenceEngine(model), PROMPT, config, traversal="majority_vote", n_pf=3, seed=1
+    )
+    assert good.calls == 2 and not second.stats.shared_draw
+    assert second.token_ids == alone.token_ids and second.alternatives == alone.alternatives
+
+
+async def test_a_cancelled_reader_does_not_cancel_the_draw() -> None:
+    model = ReferenceModel(6, seed=3)
+    config = SamplerConfig(block_size=4, num_blocks=2)
+    draws = SharedDraws()
+    release = asyncio.Event()
+
+    class _SlowEngine(ReferenceEngine):
+        async def generate(self, requests):  # type: ignore[no-untyped-def]
+            await release.wait()
+            return await super().generate(requests)
+
+    drawer = asyncio.ensure_future(
+        run_chain(_SlowEngine(model), PROMPT, config, traversal="best_of_n", n_pf=3, draws=draws)
+    )
+    await asyncio.sleep(0)
+    reader = asyncio.ensure_future(
+        run_chain(
+            _SlowEngine(model), PROMPT, config, traversal="majority_vote", n_pf=3, draws=draws
+        )
+    )
+    await asyncio.sleep(0)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    release.set()
+    result = await drawer
+    assert result.stats.rounds == 2 and not result.stats.shared_draw
+
+
+async def test_unread_draws_are_pushed_out_after_keep_newer_ones() -> None:
+    model = ReferenceModel(6, seed=3)
+    config = SamplerConfig(block_size=4, num_blocks=1)
+    draws = SharedDraws(keep=3)
+    for seed in range(10):
+        await run_chain(
+            ReferenceEngine(model),
+            PROMPT,
+            config,
+            traversal="best_of_n",
+            n_pf=2,
+            seed=seed,
+            draws=draws,
+        )
+    assert len(draws._draws) == 3
+
+
+async def test_power_smc_never_reads_a_shared_draw() -> None:
+    model = ReferenceModel(6, seed=3)
+    config = SamplerConfig(block_size=4, num_blocks=2)
+    draws = SharedDraws()
+    await run_chain(
+        ReferenceEngine(model), PROMPT, config, traversal="best_of_n", n_pf=3, draws=draws
+    )
+    smc = await run_chain(
+        ReferenceEngine(model), PROMPT, config, traversal="power_smc", n_pf=3, draws=draws
+    )
+    assert not smc.stats.shared_draw and len(draws._draws) == 1

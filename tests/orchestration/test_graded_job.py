@@ -299,7 +299,7 @@ def test_baselines_are_paired_with_power_sampling_where_no_sequential_ran() -> N
     versus = quality["e/low_temperature"]["mcnemar"]
     assert versus["baseline"] == "e/stream" and (versus["a_only"], versus["b_only"]) == (0, 5)
     assert quality["e/stream"]["mcnemar"] is None
-    from presto_client.reporting.tables import format_quality_table
+    from presto_client.reporting.quality_table import format_quality_table
 
     table = format_quality_table(quality, ["e/stream", "e/low_temperature"])
     assert "reference: e/stream" in table and "+0/-5" in table
@@ -317,6 +317,28 @@ def test_baselines_are_paired_with_power_sampling_where_no_sequential_ran() -> N
     with_seq = quality_summary([*stream, *low, *seq])
     assert with_seq["e/low_temperature"]["mcnemar"]["baseline"] == "e/sequential"
     assert with_seq["e/stream"]["mcnemar"]["baseline"] == "e/sequential"
+    # compare_to (the job's choice) wins over sequential: each baseline against power sampling
+    chosen = quality_summary([*stream, *low, *seq], compare_to="stream")
+    assert chosen["e/low_temperature"]["mcnemar"]["baseline"] == "e/stream"
+    assert chosen["e/sequential"]["mcnemar"]["baseline"] == "e/stream"
+    assert chosen["e/stream"]["mcnemar"] is None
+
+
+async def test_compare_to_chooses_the_reference_arm_and_must_be_run(tmp_path: Path) -> None:
+    traversals = ["sequential", "stream", "low_temperature"]
+    cfg = graded_config(tmp_path / "run", sampler={"traversals": traversals}, compare_to="stream")
+    result = await run_job_async(plan_of(cfg))
+    quality = result.summary["quality"]
+    assert quality["ref/low_temperature"]["mcnemar"]["baseline"] == "ref/stream"
+    assert quality["ref/sequential"]["mcnemar"]["baseline"] == "ref/stream"
+    # `presto report` reads the run directory's config: the same reference
+    from presto_client.orchestration.results.summary import summarize_run
+    from presto_client.orchestration.run_dir.rundir import RunDir
+
+    again = summarize_run(RunDir(tmp_path / "run"))["quality"]
+    assert again["ref/low_temperature"]["mcnemar"]["baseline"] == "ref/stream"
+    with pytest.raises(ConfigError, match=r"compare_to: 'greedy' is not among sampler\.traversals"):
+        graded_config(tmp_path / "x", sampler={"traversals": traversals}, compare_to="greedy")
 
 
 async def test_a_resume_with_another_grader_is_refused_naming_both(tmp_path: Path) -> None:

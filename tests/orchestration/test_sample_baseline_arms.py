@@ -66,3 +66,47 @@ async def test_sampling_baselines_run_beside_the_mh_arms_and_are_graded(tmp_path
 
     table = format_summary_table(result.summary)
     assert "best_of_n" in table and "power_smc" in table
+
+
+async def test_a_job_with_best_of_n_and_majority_vote_pays_for_one_draw(tmp_path: Path) -> None:
+    def job(name: str, traversals: list[str]) -> Any:
+        return make_config(
+            tmp_path / name,
+            prompts={"token_ids": PROMPTS, "answers": ANSWERS},
+            grader="python: graded_helpers:first_token",
+            chains_per_prompt=2,
+            sampler={"traversals": traversals, "samples": 4, "num_blocks": 2, "block_size": 4},
+        )
+
+    await run_job_async(plan_of(job("both", ["best_of_n", "majority_vote"])))
+    for arm in ("best_of_n", "majority_vote"):
+        await run_job_async(plan_of(job(arm, [arm])))
+    both = {
+        (s["arm"], s["prompt_index"], s["chain_index"]): s
+        for s in lines(tmp_path / "both" / "samples.jsonl")
+    }
+    calls = [r for r in lines(tmp_path / "both" / "records.jsonl") if r.get("kind") == "propose"]
+    alone_calls = 0
+    for arm in ("best_of_n", "majority_vote"):
+        for s in lines(tmp_path / arm / "samples.jsonl"):
+            mine = both[(s["arm"], s["prompt_index"], s["chain_index"])]
+            assert mine["token_ids"] == s["token_ids"] and mine["grade"] == s["grade"]
+            assert mine.get("alternatives") == s.get("alternatives")
+            assert mine["stats"]["tokens_generated"] == s["stats"]["tokens_generated"]
+        alone_calls += sum(
+            r.get("kind") == "propose" for r in lines(tmp_path / arm / "records.jsonl")
+        )
+    # The engine calls of one draw per chain, not two; each chain's second arm read it.
+    assert len(calls) * 2 == alone_calls
+    shared = [s["stats"]["shared_draw"] for s in both.values()]
+    assert sum(shared) == len(PROMPTS) * 2 == len(shared) // 2
+    from presto_client.orchestration.results.quality import quality_summary
+    from presto_client.reporting.quality_table import format_quality_table
+
+    quality = quality_summary(both.values())
+    assert (
+        quality["ref/best_of_n"]["read_shared_draw"]
+        + quality["ref/majority_vote"]["read_shared_draw"]
+        == len(PROMPTS) * 2
+    )
+    assert "read one draw of N samples (paid once" in format_quality_table(quality, [])

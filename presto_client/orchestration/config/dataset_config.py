@@ -1,8 +1,8 @@
-"""The job config's ``prompts.dataset`` and ``prompts.choices``: where a job's rows come from (a
-Hugging Face dataset, or a local file or saved dataset) and how a multiple-choice row's options
-are shown. Reading the rows: :mod:`presto_client.orchestration.prompts.dataset_loader`; turning them
-into prompts (templates, choices, chat messages, shuffle):
-:mod:`presto_client.orchestration.prompts.prompt_rows`.
+"""The job config's ``prompts``: where a job's prompts come from (inline, a file, a Hugging Face
+dataset or a local saved one), the template its rows go through, and how a multiple-choice row's
+options are shown. Reading the rows:
+:mod:`presto_client.orchestration.prompts.dataset_loader`; turning them into prompts (templates,
+choices, chat messages, shuffle): :mod:`presto_client.orchestration.prompts.prompt_rows`.
 """
 
 from __future__ import annotations
@@ -132,4 +132,102 @@ class ChoicesConfig(StrictModel):
             raise ValueError("correct applies to fields (a column per option)")
         if "{text}" not in self.format:
             raise ValueError("format needs {text} (and usually {letter}), e.g. '{letter}) {text}'")
+        return self
+
+
+class PromptsConfig(StrictModel):
+    """Where the prompts come from: exactly one of ``texts``, ``token_ids``, ``file`` or
+    ``dataset``; rows of a file or dataset may go through a ``template`` (with ``choices``), be
+    shuffled (seeded) and cut to ``limit``."""
+
+    texts: list[str] | None = Field(None, description="Inline prompts (text).")
+    token_ids: list[list[int]] | None = Field(
+        None, description="Inline prompts as token ids (the reference engine needs these)."
+    )
+    file: Path | None = Field(
+        None,
+        description="A file of rows: JSONL (one object per line), JSON, parquet or CSV "
+        "(relative to the config file).",
+    )
+    dataset: DatasetConfig | None = Field(
+        None,
+        description="A Hugging Face dataset ({name, config, split, revision}; extra "
+        "'datasets') or a local file or saved dataset ({path, split}).",
+    )
+    field: str = Field(
+        "prompt",
+        description="The row field holding the prompt: text, token ids, or a list of chat "
+        "messages ({role, content}; with chat_template: true).",
+    )
+    answer_field: str = Field(
+        "answer", description="The row field holding a prompt's reference answer (graded jobs)."
+    )
+    template: str | None = Field(
+        None,
+        description="The prompt made from each row's fields, e.g. '{problem} Please reason step "
+        "by step, and put your final answer within \\boxed{}.' ({name}: a field; {choices}: "
+        "the lettered options; {{ and }}: literal braces; {} stays as it is); applied before "
+        "the chat template.",
+    )
+    choices: ChoicesConfig | None = Field(
+        None,
+        description="Multiple choice: the options' columns ({fields: [...], correct: 0}) or "
+        "list column ({field: NAME}), shown as lettered lines; the answer becomes a letter.",
+    )
+    shuffle: bool = Field(
+        False,
+        description="Shuffle the rows (seeded by shuffle_seed) before limit: with limit, a "
+        "seeded sample.",
+    )
+    shuffle_seed: int = Field(0, ge=0, description="The rows' shuffle seed.")
+    answers: list[str | None] | None = Field(
+        None, description="Reference answers of inline prompts, one per prompt (graded jobs)."
+    )
+    limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
+    chat_template: bool = Field(
+        False,
+        description="Wrap each prompt as a user message and apply the model's chat template "
+        "(via the engine's /tokenize with messages).",
+    )
+    system_prompt: str | None = Field(
+        None, description="Optional system message (only with chat_template: true)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        # `prompts: ["a", "b"]` or `prompts: [[1, 2], [3]]`
+        if isinstance(data, list):
+            if data and all(isinstance(p, list) for p in data):
+                return {"token_ids": data}
+            return {"texts": data}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PromptsConfig:
+        given = [
+            k for k in ("texts", "token_ids", "file", "dataset") if getattr(self, k) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of texts, token_ids, file or dataset "
+                f"(got {', '.join(given) if given else 'none'})"
+            )
+        if self.file is None and self.dataset is None:
+            row_only = [k for k in ("template", "choices") if getattr(self, k) is not None] + (
+                ["shuffle"] if self.shuffle else []
+            )
+            if row_only:
+                raise ValueError(f"{', '.join(row_only)} apply to the rows of a file or dataset")
+        if self.texts is not None and not self.texts:
+            raise ValueError("texts is empty: list at least one prompt")
+        if self.token_ids is not None and (
+            not self.token_ids or any(not p for p in self.token_ids)
+        ):
+            raise ValueError("token_ids must be a non-empty list of non-empty lists of ints")
+        for i, ids in enumerate(self.token_ids or ()):
+            if min(ids) < 0:
+                raise ValueError(f"token_ids[{i}] holds {min(ids)}: token ids are >= 0")
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("system_prompt needs chat_template: true")
         return self

@@ -22,6 +22,7 @@ from pydantic import (
     AfterValidator,
     Field,
     StrictBool,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -36,7 +37,7 @@ from presto_client.core.kernels import (
 from presto_client.core.methods import arm_traversal_names, get_method
 from presto_client.core.sample_baselines import DEFAULT_SAMPLES
 from presto_client.core.settings import MAX_ALPHA, MIN_TAU, ROUND_SIZE, WINDOW, SamplerConfig
-from presto_client.orchestration.config.dataset_config import ChoicesConfig, DatasetConfig
+from presto_client.orchestration.config.dataset_config import PromptsConfig
 from presto_client.orchestration.config.engine_config import (
     ENGINE_TAGS,
     EmbeddedEngineConfig,
@@ -79,109 +80,6 @@ __all__ = [
     "local_kinds",
     "register_engine_kind",
 ]
-
-# --------------------------------------------------------------------------------------------
-# Prompts
-# --------------------------------------------------------------------------------------------
-
-
-class PromptsConfig(StrictModel):
-    """Where the prompts come from: exactly one of ``texts``, ``token_ids``, ``file`` or
-    ``dataset``; rows of a file or dataset may go through a ``template`` (with ``choices``), be
-    shuffled (seeded) and cut to ``limit``."""
-
-    texts: list[str] | None = Field(None, description="Inline prompts (text).")
-    token_ids: list[list[int]] | None = Field(
-        None, description="Inline prompts as token ids (the reference engine needs these)."
-    )
-    file: Path | None = Field(
-        None,
-        description="A file of rows: JSONL (one object per line), JSON, parquet or CSV "
-        "(relative to the config file).",
-    )
-    dataset: DatasetConfig | None = Field(
-        None,
-        description="A Hugging Face dataset ({name, config, split, revision}; extra "
-        "'datasets') or a local file or saved dataset ({path, split}).",
-    )
-    field: str = Field(
-        "prompt",
-        description="The row field holding the prompt: text, token ids, or a list of chat "
-        "messages ({role, content}; with chat_template: true).",
-    )
-    answer_field: str = Field(
-        "answer", description="The row field holding a prompt's reference answer (graded jobs)."
-    )
-    template: str | None = Field(
-        None,
-        description="The prompt made from each row's fields, e.g. '{problem} Please reason step "
-        "by step, and put your final answer within \\boxed{}.' ({name}: a field; {choices}: "
-        "the lettered options; {{ and }}: literal braces; {} stays as it is); applied before "
-        "the chat template.",
-    )
-    choices: ChoicesConfig | None = Field(
-        None,
-        description="Multiple choice: the options' columns ({fields: [...], correct: 0}) or "
-        "list column ({field: NAME}), shown as lettered lines; the answer becomes a letter.",
-    )
-    shuffle: bool = Field(
-        False,
-        description="Shuffle the rows (seeded by shuffle_seed) before limit: with limit, a "
-        "seeded sample.",
-    )
-    shuffle_seed: int = Field(0, ge=0, description="The rows' shuffle seed.")
-    answers: list[str | None] | None = Field(
-        None, description="Reference answers of inline prompts, one per prompt (graded jobs)."
-    )
-    limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
-    chat_template: bool = Field(
-        False,
-        description="Wrap each prompt as a user message and apply the model's chat template "
-        "(via the engine's /tokenize with messages).",
-    )
-    system_prompt: str | None = Field(
-        None, description="Optional system message (only with chat_template: true)."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        # `prompts: ["a", "b"]` or `prompts: [[1, 2], [3]]`
-        if isinstance(data, list):
-            if data and all(isinstance(p, list) for p in data):
-                return {"token_ids": data}
-            return {"texts": data}
-        return data
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> PromptsConfig:
-        given = [
-            k for k in ("texts", "token_ids", "file", "dataset") if getattr(self, k) is not None
-        ]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one of texts, token_ids, file or dataset "
-                f"(got {', '.join(given) if given else 'none'})"
-            )
-        if self.file is None and self.dataset is None:
-            row_only = [k for k in ("template", "choices") if getattr(self, k) is not None] + (
-                ["shuffle"] if self.shuffle else []
-            )
-            if row_only:
-                raise ValueError(f"{', '.join(row_only)} apply to the rows of a file or dataset")
-        if self.texts is not None and not self.texts:
-            raise ValueError("texts is empty: list at least one prompt")
-        if self.token_ids is not None and (
-            not self.token_ids or any(not p for p in self.token_ids)
-        ):
-            raise ValueError("token_ids must be a non-empty list of non-empty lists of ints")
-        for i, ids in enumerate(self.token_ids or ()):
-            if min(ids) < 0:
-                raise ValueError(f"token_ids[{i}] holds {min(ids)}: token ids are >= 0")
-        if self.system_prompt is not None and not self.chat_template:
-            raise ValueError("system_prompt needs chat_template: true")
-        return self
-
 
 # --------------------------------------------------------------------------------------------
 # Sampler
@@ -279,8 +177,9 @@ class SamplerSettings(StrictModel):
     samples: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         DEFAULT_SAMPLES,
         description="N of the sampling baselines: best_of_n and majority_vote draw N samples "
-        "per chain, power_smc runs N particles. 'auto': the N whose samples cost what one MH "
-        "chain of this shape generates without EOS (matched_samples).",
+        "per chain (one draw read by both when a job runs both), power_smc runs N particles. "
+        "'auto': the N whose samples cost what one MH chain of this shape generates without EOS "
+        "(matched_samples).",
     )
     smc_ess_threshold: float = Field(
         _CORE.smc_ess_threshold,
@@ -494,6 +393,12 @@ class JobConfig(StrictModel):
         description="Grade each finished chain against its prompt's answer: math, exact, "
         "choice, 'regex: PATTERN' or 'python: module:function' (null: no grading).",
     )
+    compare_to: TraversalName | None = Field(
+        None,
+        description="Graded jobs: the traversal every other arm of an engine is tested against "
+        "(McNemar, paired bootstrap of accuracy), e.g. stream to test each baseline against "
+        "power sampling (null: the engine's sequential arm, else its first MH arm).",
+    )
     max_failed_chains: int | None = Field(
         None,
         ge=0,
@@ -548,6 +453,17 @@ class JobConfig(StrictModel):
                         "give prompts.token_ids instead of texts/file"
                     )
         return self
+
+    @field_validator("compare_to")
+    @classmethod
+    def _compared_arm_runs(cls, name: str | None, info: ValidationInfo) -> str | None:
+        sampler = info.data.get("sampler")  # (absent when the sampler block itself is wrong)
+        if name is not None and sampler is not None and name not in sampler.traversals:
+            raise ValueError(
+                f"{name!r} is not among sampler.traversals "
+                f"({', '.join(sampler.traversals)}): add it there or compare to one of them"
+            )
+        return name
 
     @model_validator(mode="after")
     def _executor_fits(self) -> JobConfig:

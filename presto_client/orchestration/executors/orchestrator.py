@@ -44,6 +44,7 @@ from presto_client.core.engine_protocol import (
 from presto_client.core.kernels import make_kernel
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.runners import run_chain
+from presto_client.core.sample_baselines import SharedDraws
 from presto_client.core.settings import ROUND_SIZE, SamplerConfig
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
@@ -345,7 +346,7 @@ def replay_chain(
 
 RunChain = Callable[..., Awaitable[ChainResult]]
 """``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, n_pf, seed, on_round,
-predictor, budget)."""
+predictor, budget, draws)."""
 
 
 @dataclass(slots=True)
@@ -393,6 +394,7 @@ class Orchestrator:
             )
             for n, p in pools.items()
         }
+        self.draws = {n: SharedDraws() for n in pools}
         self.max_concurrency = max_concurrency
         self.max_active_chains = max_active_chains
         self.max_failed_chains = max_failed_chains
@@ -440,6 +442,7 @@ class Orchestrator:
                 on_round=on_round,
                 predictor=spec.predictor,
                 budget=self.budgets[spec.engine][replica],
+                draws=self.draws[spec.engine],
             )
         except asyncio.CancelledError:
             raise

@@ -195,6 +195,7 @@ def job_settings(cfg: JobConfig, num_chains: int) -> JobSettings:
         chat_template=cfg.prompts.chat_template,
         system_prompt=cfg.prompts.system_prompt,
         grader=cfg.grader.to_spec() if cfg.grader is not None else None,
+        compare_to=cfg.compare_to,
         resolved_config=redacted_dump(cfg),
         executor=cfg.executor.to_settings(),
     )

@@ -204,6 +204,8 @@ class JobSettings:
     """The resolved config as plain data, secrets removed (``config.resolved.yaml``)."""
     executor: ExecutorSettings = ExecutorSettings()
     """Where the chains run; no part of the fingerprint (it never changes a chain)."""
+    compare_to: str | None = None
+    """The traversal graded arms are tested against (null: sequential, else the first MH arm)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from presto_client.orchestration.planning.planned import Prompt, PromptOrigin
 from presto_client.orchestration.prompts.dataset_loader import LoadedRows, fields_of
 
 if TYPE_CHECKING:
-    from presto_client.orchestration.config.schema import PromptsConfig
+    from presto_client.orchestration.config.dataset_config import PromptsConfig
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 CHAT_ROLES = ("system", "user", "assistant")

@@ -252,13 +252,17 @@ def _pass_ks(max_n: int) -> list[int]:
 
 
 def quality_summary(
-    rows: Iterable[Mapping[str, Any]], *, baseline: str = "sequential"
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    baseline: str = "sequential",
+    compare_to: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per arm: accuracy, Wilson CI, McNemar vs the engine's reference arm, pass@k, cost per
-    answer. The reference is ``{engine}/{baseline}`` where it was graded, else the engine's first
-    power-sampling arm (an MH traversal): the ready configs run ``stream`` beside the baselines
-    and no ``sequential`` (which ``stream`` replays token for token), so each baseline is tested
-    against power sampling, paired by prompt and chain.
+    answer. The reference is ``{engine}/{compare_to}`` (the job's choice), else
+    ``{engine}/{baseline}`` where it was graded, else the engine's first power-sampling arm (an
+    MH traversal): the ready configs run ``stream`` beside the baselines and no ``sequential``
+    (which ``stream`` replays token for token), so each baseline is tested against power
+    sampling, paired by prompt and chain.
 
     ``rows`` are the latest sample line of each chain; only ok chains with a ``grade`` count.
     Empty when no chain is graded."""
@@ -275,7 +279,10 @@ def quality_summary(
     reference: dict[str, str] = {}  # engine -> its reference arm
     for arm in graded:
         engine, traversal = engines[arm], arm.rpartition("/")[2]
-        if traversal == baseline or (traversal in mh and engine not in reference):
+        if compare_to is not None:
+            if traversal == compare_to:
+                reference[engine] = arm
+        elif traversal == baseline or (traversal in mh and engine not in reference):
             reference[engine] = arm
     out: dict[str, dict[str, Any]] = {}
     for arm, by_key in graded.items():
@@ -320,6 +327,9 @@ def quality_summary(
             "model_call_time_per_correct_s": sum(times) / n_correct if n_correct else None,
             "mcnemar": versus,
             "graded_by_fallback": fallback,
+            "read_shared_draw": sum(
+                bool((r.get("stats") or {}).get("shared_draw")) for r in by_key.values()
+            ),
         }
     return out
 

@@ -249,8 +249,10 @@ def summarize(
     job: str | None = None,
     engine_order: Sequence[str] = (),
     baseline: str = BASELINE,
+    compare_to: str | None = None,
 ) -> dict[str, Any]:
-    """The summary of a run from its sample lines (the last line of each chain counts)."""
+    """The summary of a run from its sample lines (the last line of each chain counts);
+    ``compare_to``: the traversal graded arms are tested against (the job's config)."""
     latest = latest_by_chain(samples)
     metrics = list(metrics)
     engines = engine_health(metrics)
@@ -281,7 +283,7 @@ def summarize(
     # Graded runs only: summaries of ungraded runs are unchanged.
     from presto_client.orchestration.results.quality import quality_summary
 
-    quality = quality_summary(latest.values(), baseline=baseline)
+    quality = quality_summary(latest.values(), baseline=baseline, compare_to=compare_to)
     if quality:
         out["quality"] = quality
     return out
@@ -532,6 +534,7 @@ def summarize_run(run: RunDir, baseline: str = BASELINE) -> dict[str, Any]:
         job=info.get("job") or config.get("name"),
         engine_order=engine_order,
         baseline=baseline,
+        compare_to=config.get("compare_to"),
     )
 
 
