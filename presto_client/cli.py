@@ -307,11 +307,16 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _execute(args: argparse.Namespace, plan: Any, out: TextIO) -> Any:
+    from presto_client.core.methods import baseline_names
     from presto_client.orchestration.job import run_job
 
     settings = plan.settings
+    baselines = sum(c.arm.traversal in baseline_names() for c in plan.chains)
     progress = ProgressBar(
-        _progress_mode(args), per_chain=settings.num_blocks * settings.steps_per_block
+        _progress_mode(args),
+        per_chain=settings.num_blocks * settings.steps_per_block,
+        baseline_blocks=settings.num_blocks,
+        baseline_share=baselines / max(1, len(plan.chains)),
     )
     state: dict[str, int] = {}
     received: dict[str, int] = {}

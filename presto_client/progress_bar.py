@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from presto_client.core.methods import baseline_names
 from presto_client.core.stats import RoundRecord
 from presto_client.orchestration.executors.orchestrator import ChainOutcome, ChainSpec
 
@@ -28,9 +29,12 @@ def duration(seconds: float) -> str:
 class ProgressBar:
     """Progress of a job in Metropolis–Hastings transitions (a
     :class:`~presto_client.orchestration.executors.orchestrator.ChainSink`): on a terminal a tqdm
-    bar with
-    the current arm, the rate and the ETA, kept at the end; elsewhere (a log file, CI) one plain
-    line every ``every_s`` seconds and at the end."""
+    bar with the current arm, the rate and the ETA, kept at the end; elsewhere (a log file, CI)
+    one plain line every ``every_s`` seconds and at the end.
+
+    A baseline arm makes no transition: where a job has some (``baseline_share`` of its chains),
+    the unit is the *step*, an MH transition or a baseline's block (one engine call), so that
+    the baselines' work counts and the ETA holds."""
 
     def __init__(
         self,
@@ -38,12 +42,17 @@ class ProgressBar:
         stream: TextIO | None = None,
         *,
         per_chain: int = 1,
+        baseline_blocks: int = 1,
+        baseline_share: float = 0.0,
         every_s: float = 10.0,
     ) -> None:
         self.mode = mode  # "bar" | "lines" | None
         self.enabled = mode == "bar"  # (the tqdm bar needs log lines redirected around it)
         self.stream = stream or sys.stderr
         self.per_chain = max(1, per_chain)
+        self.baseline_blocks = max(1, baseline_blocks)
+        self.baseline_share = baseline_share
+        self.unit = "step" if baseline_share > 0 else "transition"
         self.every_s = every_s
         self.bar: Any = None
         self.failed = 0
@@ -63,7 +72,9 @@ class ProgressBar:
         if self.mode is None or finished >= total:
             return
         self.chains_total, self.chains_done = total, finished
-        self.total, self.done = total * self.per_chain, finished * self.per_chain
+        share = self.baseline_share
+        mean = (1 - share) * self.per_chain + share * self.baseline_blocks
+        self.total, self.done = round(total * mean), round(finished * mean)
         self._t0 = self._last_line = time.monotonic()
         self._start_done = self.done
         self._active = True
@@ -81,8 +92,8 @@ class ProgressBar:
             self.bar = tqdm(
                 total=self.total,
                 initial=self.done,
-                unit="transition",
-                desc="transitions",
+                unit=self.unit,
+                desc=f"{self.unit}s",
                 file=self.stream,
                 dynamic_ncols=True,
                 leave=True,
@@ -98,7 +109,8 @@ class ProgressBar:
         if not self._active:
             return
         self._show()
-        n = int(record.transitions)
+        baseline = spec.traversal in baseline_names()
+        n = int(record.kind == "propose") if baseline else int(record.transitions)
         self.done += n
         self._by_chain[spec.chain_id] = self._by_chain.get(spec.chain_id, 0) + n
         self.arm = spec.arm
@@ -114,7 +126,10 @@ class ProgressBar:
         self._show()
         self.chains_done += 1
         # A chain that stopped early (failed) will not bring its remaining transitions.
-        missing = self.per_chain - self._by_chain.pop(outcome.spec.chain_id, 0)
+        expected = (
+            self.baseline_blocks if outcome.spec.traversal in baseline_names() else self.per_chain
+        )
+        missing = expected - self._by_chain.pop(outcome.spec.chain_id, 0)
         if missing > 0:
             self.total -= missing
         if not outcome.ok:
@@ -139,8 +154,8 @@ class ProgressBar:
         arm = f", arm {self.arm}" if self.arm else ""
         failed = f" ({self.failed} failed)" if self.failed else ""
         print(
-            f"progress: {self.done}/{self.total} transitions ({pct:.0f}%), chains "
-            f"{self.chains_done}/{self.chains_total}{failed}{arm}, {rate:.1f} transitions/s, "
+            f"progress: {self.done}/{self.total} {self.unit}s ({pct:.0f}%), chains "
+            f"{self.chains_done}/{self.chains_total}{failed}{arm}, {rate:.1f} {self.unit}s/s, "
             f"ETA {eta}" + (f" [{what}]" if what else ""),
             file=self.stream,
             flush=True,

@@ -29,6 +29,20 @@ def test_not_a_tty_gets_progress_lines(
     assert "transitions/s" in last and "ETA" in last and "arm ref/" in last
 
 
+def test_baseline_arms_count_their_blocks_as_steps_to_the_end(
+    write_config: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The baselines make no transition: counted in transitions their chains were never in the
+    # total's reach (issue 50's run: 40/3,112 transitions after 48 of 240 chains, ETA 2h20m,
+    # for a job of 10 minutes). 4 prompts x 2 chains x (6 transitions + 2 baselines' 1 block)
+    # = 8 x 8 = 64 steps, all reached.
+    config = write_config(sampler={"traversals": ["sequential", "sample", "best_of_n"]})
+    assert main(["run", str(config)], out=io.StringIO()) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("progress:")]
+    assert "0/64 steps" in lines[0], lines
+    assert "64/64 steps (100%)" in lines[-1] and "chains 24/24" in lines[-1], lines
+
+
 def test_no_progress_and_quiet_print_no_progress(
     write_config: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
