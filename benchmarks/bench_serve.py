@@ -11,8 +11,15 @@ latency percentiles under concurrent clients against the latency-model server.
    ``benchmarks.latency_server`` (``--profile``, ``--time-scale``); requests per second and
    p50/p99 latency.
 
-Run: ``python -m benchmarks.bench_serve overhead`` and
-``python -m benchmarks.bench_serve load --clients 1 64``.
+3. **Health under load** (``health``): ``presto serve`` (its own process, the default limits)
+   in front of ``benchmarks.latency_server`` (its own process), ``--clients`` clients posting
+   requests at the defaults' bounds (``--n`` chains on each of 4 prompts, ``--max-tokens``,
+   ``--steps``) for ``--seconds``, while a prober asks ``/health`` every 50 ms: its latency
+   p50/p99/max, the requests served, and the service's memory before, at the peak and after.
+
+Run: ``python -m benchmarks.bench_serve overhead``,
+``python -m benchmarks.bench_serve load --clients 1 64`` and
+``python -m benchmarks.bench_serve health``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -139,6 +149,145 @@ def load(clients: list[int], seconds: float, profile: str, time_scale: float) ->
     return out
 
 
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited ({process.returncode})")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url}: not healthy within {limit_s:g} s")
+
+
+async def _health_under_load(
+    url: str, body: dict[str, Any], clients: int, seconds: float, pid: int
+) -> dict[str, Any]:
+    stop = time.monotonic() + seconds
+    health: list[float] = []
+    served: list[float] = []
+    failed: list[int] = []
+    peak = [_rss_mb(pid)]
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def one(c: int) -> None:
+            i = 0
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = await client.post("/v1/completions", json={**body, "seed": c * 100_000 + i})
+                (served if r.status_code == 200 else failed).append(
+                    time.perf_counter() - t0 if r.status_code == 200 else r.status_code
+                )
+                i += 1
+
+        async def probe() -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as prober:
+                while time.monotonic() < stop:
+                    t0 = time.perf_counter()
+                    r = await prober.get("/health")
+                    health.append(time.perf_counter() - t0)
+                    if r.status_code != 200:
+                        failed.append(r.status_code)
+                    peak.append(_rss_mb(pid))
+                    await asyncio.sleep(0.05)
+
+        # Requests still running at the end are cut (the service answers them as cancelled).
+        tasks = [asyncio.ensure_future(one(c)) for c in range(clients)]
+        await probe()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    health.sort()
+    return {
+        "health_probes": len(health),
+        "health_p50_ms": 1000 * statistics.median(health),
+        "health_p99_ms": 1000 * health[min(len(health) - 1, int(0.99 * len(health)))],
+        "health_max_ms": 1000 * health[-1],
+        "requests_served": len(served),
+        "request_p50_s": statistics.median(served) if served else None,
+        "not_200": sorted(set(failed)),
+        "rss_peak_mb": max(peak),
+    }
+
+
+def health(
+    clients: int, n: int, max_tokens: int, steps: int, seconds: float, profile: str
+) -> dict[str, Any]:
+    from presto_client.child_servers.ports import free_port
+
+    up_port, port = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "serve.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "name": "bench-serve-health",
+                    "engines": [
+                        {"kind": "vllm", "name": "lat", "base_url": f"http://127.0.0.1:{up_port}"}
+                    ],
+                    "prompts": {"token_ids": [[1, 2, 3]]},
+                    "sampler": {"alpha": 4.0, "block_size": 16, "traversals": ["stream"]},
+                    "output_dir": str(Path(tmp) / "unused"),
+                }
+            )
+        )
+        upstream = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.latency_server",
+                "--profile",
+                profile,
+                "--port",
+                str(up_port),
+                "--max-logprobs",
+                "-1",
+            ]
+        )
+        presto = Path(sys.executable).with_name("presto")
+        service = subprocess.Popen([str(presto), "serve", str(config), "--port", str(port)])
+        try:
+            _wait_healthy(f"http://127.0.0.1:{up_port}", upstream)
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url, service)
+            before = _rss_mb(service.pid)
+            num_blocks = max(1, max_tokens // 16)
+            body = {
+                "model": "lat",
+                "prompt": [[1 + p, 2, 3] for p in range(4)],
+                "n": n,
+                "max_tokens": max_tokens,
+                "num_blocks": num_blocks,
+                "steps_per_block": steps,
+            }
+            out = asyncio.run(_health_under_load(url, body, clients, seconds, service.pid))
+            time.sleep(5)
+            out.update(
+                clients=clients,
+                chains_per_request=4 * n,
+                max_tokens=max_tokens,
+                steps_per_block=steps,
+                rss_before_mb=before,
+                rss_after_5s_mb=_rss_mb(service.pid),
+            )
+            return out
+        finally:
+            for p in (service, upstream):
+                p.terminate()
+                p.wait(timeout=30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serve")
     sub = parser.add_subparsers(dest="what", required=True)
@@ -149,10 +298,21 @@ def main(argv: list[str] | None = None) -> int:
     lo.add_argument("--seconds", type=float, default=10.0)
     lo.add_argument("--profile", default="gpu")
     lo.add_argument("--time-scale", type=float, default=1.0)
+    h = sub.add_parser("health")
+    h.add_argument("--clients", type=int, default=64, help="the default --max-active")
+    h.add_argument("--n", type=int, default=16, help="chains per prompt (4 prompts; max_n 16)")
+    h.add_argument("--max-tokens", type=int, default=256)
+    h.add_argument("--steps", type=int, default=8, help="steps_per_block")
+    h.add_argument("--seconds", type=float, default=30.0)
+    h.add_argument("--profile", default="gpu")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.what == "overhead":
         result: Any = overhead(args.requests)
+    elif args.what == "health":
+        result = health(
+            args.clients, args.n, args.max_tokens, args.steps, args.seconds, args.profile
+        )
     else:
         result = load(args.clients, args.seconds, args.profile, args.time_scale)
     text = json.dumps(result, indent=2)

@@ -248,7 +248,7 @@ class Service:
         if self.watch.failed is not None:
             gone = server_gone(self.watch.failed).message
             return _json({"status": "gone", "engine": self.engine.name, "upstream": gone}, 503)
-        problem = await self.engine.checked_health()
+        problem = await self.engine.checked_health(fresh=False)
         if problem is not None:
             return _json(
                 {"status": "unavailable", "engine": self.engine.name, "upstream": problem}, 503

@@ -125,6 +125,7 @@ class ServedEngine:
         self.global_slots = FifoSemaphore(cfg.max_concurrency)
         self._health: asyncio.Future[str | None] | None = None
         self._health_at = 0.0
+        self._last_health: tuple[str | None] | None = None
 
     @classmethod
     async def open(
@@ -217,15 +218,25 @@ class ServedEngine:
             known = int(given) if given is not None else None
         return known
 
-    async def checked_health(self) -> str | None:
+    async def checked_health(self, *, fresh: bool = True) -> str | None:
         """:meth:`upstream_health`, checked at most once per :data:`HEALTH_TTL_S` whoever
         asks (/health needs no key and must not become a way to load the upstream; every
-        running request watches it too, :meth:`unreachable`)."""
+        running request watches it too, :meth:`unreachable`). ``fresh=False`` (/health)
+        answers at once with the last check while the next one runs: a busy upstream's slow
+        health route (up to its 2 s timeout) must not make this service's own answer slow, or
+        a load balancer evicts a replica that is serving."""
         now = time.monotonic()
         if self._health is None or (self._health.done() and now - self._health_at >= HEALTH_TTL_S):
             self._health_at = now
             self._health = asyncio.ensure_future(self.upstream_health())
+            self._health.add_done_callback(self._remember_health)
+        if not fresh and self._last_health is not None:
+            return self._last_health[0]
         return await asyncio.shield(self._health)
+
+    def _remember_health(self, check: asyncio.Future[str | None]) -> None:
+        if not check.cancelled() and check.exception() is None:
+            self._last_health = (check.result(),)
 
     async def unreachable(self) -> str:
         """Returns once the upstream has been unreachable for :data:`LOST_AFTER_CHECKS`

@@ -5,8 +5,10 @@ cannot forge lines or send terminal escapes."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -133,3 +135,35 @@ def test_a_request_path_cannot_forge_log_lines(
     lines = [rec.getMessage() for rec in caplog.records]
     assert any("FORGED" in line for line in lines), lines
     assert not any("\x1b" in line or "\n" in line for line in lines), lines
+
+
+def test_health_answers_at_once_while_a_slow_upstream_check_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48, item 3: under load an upstream's health route answers slowly (up to the 2 s
+    timeout), and /health waited for it every second: a load balancer's 1 s probe evicted a
+    replica that was serving. After the first check /health answers with the last one while
+    the next runs."""
+    from presto_client.serve.chains import ServedEngine
+
+    checks: list[float] = []
+
+    async def slow_upstream(self: ServedEngine, timeout_s: float = 2.0) -> str | None:
+        checks.append(time.monotonic())
+        await asyncio.sleep(1.5)
+        return None
+
+    monkeypatch.setattr(ServedEngine, "upstream_health", slow_upstream)
+    with ServiceThread(
+        load(write_config(tmp_path / "job.yaml", reference_job(tmp_path / "run")))
+    ) as service:
+        assert httpx.get(f"{service.url}/health", timeout=10).status_code == 200  # the first waits
+        waits = []
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            assert httpx.get(f"{service.url}/health", timeout=10).status_code == 200
+            waits.append(time.perf_counter() - t0)
+            time.sleep(0.1)
+    assert len(checks) >= 2  # the upstream was checked again meanwhile (once a TTL at most)
+    assert max(waits) < 0.5, waits
