@@ -114,9 +114,10 @@ def _rusage_cpu(who: int) -> tuple[float, float]:
 
 def child_main(args: argparse.Namespace) -> None:
     """One arm in this (fresh) process; prints its measurements as one JSON line."""
-    from presto_client.orchestration.config.loading import load_prompts, validate_job_config
+    from presto_client.orchestration.config.loading import validate_job_config
     from presto_client.orchestration.job import run_job
     from presto_client.orchestration.planning.plan import make_plan
+    from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
     out = Path(args.run_dir)
     cfg = validate_job_config(_job(args, args.child, out))

@@ -38,9 +38,10 @@ import yaml
 
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
-from presto_client.orchestration.config.loading import load_prompts, validate_job_config
+from presto_client.orchestration.config.loading import validate_job_config
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.planning.plan import make_plan
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 PROMPTS = ([1, 2, 3], [1, 2, 4], [1, 2, 5])

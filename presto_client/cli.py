@@ -386,8 +386,8 @@ def _exit_status(result: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.config.loading import load_prompts
     from presto_client.orchestration.planning.plan import make_plan
+    from presto_client.orchestration.prompts.prompt_rows import load_prompts
     from presto_client.reporting.tables import format_summary_table
 
     cfg = _load(args)
@@ -406,7 +406,7 @@ def _run_notes(plan: Any, result: Any) -> list[str]:
     """What ``presto run`` prints under its tables: an excerpt of the answers, and on an engine
     that computes on this machine's CPU (llama.cpp as presto builds it) why PreSTO cannot be
     faster there and the command that shows its speed-up (issue 40)."""
-    from presto_client.orchestration.planning.planned import LlamaCppServer
+    from presto_client.orchestration.planned import LlamaCppServer
     from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.answers import format_answers, format_cpu_note
 
@@ -420,7 +420,7 @@ def _run_notes(plan: Any, result: Any) -> list[str]:
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
-    from presto_client.orchestration.config.loading import load_prompts
+    from presto_client.orchestration.prompts.prompt_rows import load_prompts
     from presto_client.orchestration.run_dir.rundir import RunDir
     from presto_client.reporting.compare import check_baseline, compare_plan, format_comparison
 

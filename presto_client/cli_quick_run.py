@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.errors import ConfigError
+from presto_client.orchestration import input_files
 from presto_client.orchestration.config.dataset_config import looks_local
 from presto_client.orchestration.config.schema import JobConfig
-from presto_client.orchestration.planning.planned import Prompt
-from presto_client.orchestration.prompts import input_files
-from presto_client.orchestration.prompts.input_files import load_yaml, read_text_file
+from presto_client.orchestration.input_files import load_yaml, read_text_file
+from presto_client.orchestration.planned import Prompt
 
 progress = logging.getLogger("presto_client.progress")
 
@@ -255,8 +255,8 @@ def load(args: argparse.Namespace, overrides: list[str]) -> JobConfig:
 def validate_prompts(cfg: JobConfig) -> tuple[list[Prompt], str | None]:
     """The prompts ``presto validate`` checks, without the network: a Hub dataset is not loaded
     (``None`` prompts and a note saying whether it is cached; the job loads it when it runs)."""
-    from presto_client.orchestration.config.loading import load_prompts
     from presto_client.orchestration.prompts.dataset_loader import DatasetNotLoaded
+    from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
     try:
         return load_prompts(cfg, network=False), None

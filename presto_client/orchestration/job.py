@@ -2,7 +2,7 @@
 
 The faces layer (the CLI, or a Python caller) hands a validated job config and its prompts to
 :func:`~presto_client.orchestration.planning.plan.make_plan` and the plan (plain frozen data,
-:mod:`~presto_client.orchestration.planning.planned`) to :func:`run_job` (blocking) or
+:mod:`~presto_client.orchestration.planned`) to :func:`run_job` (blocking) or
 :func:`run_job_async`; nothing here sees the config's models. The engines are opened by
 :mod:`presto_client.orchestration.engines.opening`, the chains run by the
 :class:`~presto_client.orchestration.executors.orchestrator.Orchestrator`, every round and finished
@@ -62,7 +62,7 @@ from presto_client.orchestration.executors.orchestrator import (
     JobFailedError,
     OrchestratorResult,
 )
-from presto_client.orchestration.planning.planned import JobPlan, PlannedChain, routing_key
+from presto_client.orchestration.planned import JobPlan, PlannedChain, routing_key
 from presto_client.orchestration.prompts.prompt_tokens import decode, encode, encode_messages
 from presto_client.orchestration.results.quality import (
     ChainGrader,

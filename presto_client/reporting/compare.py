@@ -23,8 +23,8 @@ from presto_client.reporting.tables import (
     format_equivalence_details,
     format_speedup_per_prompt,
     format_stream_waits,
-    render_table,
 )
+from presto_client.reporting.text_table import render_table
 
 
 def compare_plan(

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.errors import PrestoError
-from presto_client.orchestration.config.loading import load_prompts
 from presto_client.orchestration.config.schema import JobConfig
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 from presto_client.orchestration.results.summary import as_number, summarize_run
 from presto_client.orchestration.run_dir.rundir import RunDir, iter_chain_records, latest_by_chain
 

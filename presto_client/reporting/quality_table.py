@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from presto_client.reporting.tables import render_table
+from presto_client.reporting.text_table import render_table
 
 
 def _maj_k(quality: Mapping[str, Mapping[str, Any]]) -> str:

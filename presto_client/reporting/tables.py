@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from presto_client.orchestration.results.summary import BASELINE, EQUIVALENCE_METRICS, replays
+from presto_client.reporting.quality_table import format_quality_table
+from presto_client.reporting.text_table import render_table
 
 
 def _fmt(value: Any, kind: str = "") -> str:
@@ -114,56 +116,6 @@ def _cells(arm: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-MAX_TABLE_WIDTH = 100
-"""A terminal table's widest line: wider tables are cut into blocks of columns."""
-
-
-def render_table(
-    header: Sequence[str], rows: Sequence[Sequence[str]], max_width: int = MAX_TABLE_WIDTH
-) -> str:
-    """A plain aligned text table (first column left-aligned, the rest right-aligned). A header
-    cell may span lines (``"trans/\\ncall"``): the header then takes as many, bottom-aligned, and
-    the column is as wide as its longest line. A table wider than ``max_width`` is printed as
-    blocks of its columns, one under the other, each repeating the first column (as wide tables
-    are in a terminal: arms as columns grow with every arm compared)."""
-    widths = _column_widths(header, rows)
-    blocks: list[list[int]] = [[]]
-    used = widths[0]
-    for i in range(1, len(widths)):
-        if blocks[-1] and used + 2 + widths[i] > max_width:
-            blocks.append([])
-            used = widths[0]
-        blocks[-1].append(i)
-        used += 2 + widths[i]
-    return "\n\n".join(
-        _render_block([header[j] for j in (0, *cols)], [[r[j] for j in (0, *cols)] for r in rows])
-        for cols in blocks
-    )
-
-
-def _column_widths(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    widths = [max(len(line) for line in h.split("\n")) for h in header]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    return widths
-
-
-def _render_block(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    heads = [h.split("\n") for h in header]
-    depth = max((len(h) for h in heads), default=1)
-    heads = [[""] * (depth - len(h)) + h for h in heads]
-    widths = _column_widths(header, rows)
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells)]
-        return "  ".join(parts).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    head_lines = [line([h[d] for h in heads]) for d in range(depth)]
-    return "\n".join([*head_lines, rule, *(line(r) for r in rows)])
-
-
 def format_summary_table(summary: Mapping[str, Any]) -> str:
     """The per-arm summary (``presto run``, ``presto report``): how fast each arm is and whether
     it replays the baseline, then what its time went on, one arm a row in each."""
@@ -196,8 +148,6 @@ def format_summary_table(summary: Mapping[str, Any]) -> str:
         table += "\n\n" + waits
     quality = summary.get("quality")
     if quality:
-        from presto_client.reporting.quality_table import format_quality_table
-
         table += "\n\nAnswer quality (graded):\n" + format_quality_table(
             quality, [str(a["arm"]) for a in arms]
         )

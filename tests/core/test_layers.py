@@ -47,6 +47,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "presto_client.orchestration.planning.plan",
         "presto_client.orchestration.config.schema",
         "presto_client.orchestration.config.loading",
+        "presto_client.orchestration.prompts.prompt_rows",
         *LEAVES,
     ),
     "presto_client/embedded": ("presto_client.embedded", *LEAVES),
@@ -149,3 +150,39 @@ def test_test_doubles_and_benchmarks_are_not_imported_by_the_packages() -> None:
                 if n.split(".")[0] in ("tests", "benchmarks", "backends")
             )
     assert not bad, "\n".join(bad)
+
+
+# Inside the orchestration, its floors from the ground up: a module imports its own floor and
+# the floors below, never one above (issue 49: planning/ held the ground-floor data that config/
+# imported, and config/ and prompts/ imported each other).
+ORCHESTRATION_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("planned", "input_files", "grading"),  # plain data, untrusted files, the graders
+    ("engines",),  # opening a planned engine's replicas
+    ("config",),  # the job config (pydantic) and its loading
+    ("prompts",),  # the rows and prompts a config names
+    ("planning", "run_dir"),  # the config resolved into a plan; a run's files
+    ("results", "executors"),  # what a run's files say; where chains run
+    ("job",),  # a job run end to end
+)
+
+
+def _floor(name: str) -> int | None:
+    parts = name.split(".")
+    if parts[:2] != ["presto_client", "orchestration"] or len(parts) < 3:
+        return None
+    return next(i for i, floor in enumerate(ORCHESTRATION_FLOORS) if parts[2] in floor)
+
+
+def test_the_orchestrations_floors_import_only_downwards() -> None:
+    files = _files("presto_client/orchestration")
+    up = []
+    for f in files:
+        if f.name == "__init__.py" and f.parent.name == "orchestration":
+            continue
+        mine = _floor(module_name(f))
+        assert mine is not None, f"{f.relative_to(ROOT)}: on no floor of ORCHESTRATION_FLOORS"
+        for name in _imports(f):
+            theirs = _floor(name)
+            if theirs is not None and theirs > mine:
+                up.append(f"{f.relative_to(ROOT)} imports {name} (a floor above)")
+    assert not up, "\n".join(up)

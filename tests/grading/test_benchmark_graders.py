@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from presto_client.orchestration.results.grading import (
+from presto_client.orchestration.grading import (
     GraderConfig,
     as_integer,
     build_grader,

@@ -8,8 +8,8 @@ import types
 import pytest
 from pydantic import ValidationError
 
-from presto_client.orchestration.results import grading
-from presto_client.orchestration.results.grading import (
+from presto_client.orchestration import grading
+from presto_client.orchestration.grading import (
     Grade,
     GraderConfig,
     build_grader,

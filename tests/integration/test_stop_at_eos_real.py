@@ -22,9 +22,10 @@ from presto_client.backends import EngineSpec, create_engine
 from presto_client.backends.http_engine import HttpEngine
 from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
-from presto_client.orchestration.config.loading import load_job_config, load_prompts
+from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.job import run_job_async
 from presto_client.orchestration.planning.plan import make_plan
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 from presto_client.orchestration.run_dir.rundir import read_jsonl
 
 IM_END = 2  # SmolLM2's <|im_end|>

@@ -50,7 +50,7 @@ def test_a_device_is_refused_without_reading_it(capsys: pytest.CaptureFixture[st
 def test_a_config_over_the_size_limit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from presto_client.orchestration.prompts import input_files
+    from presto_client.orchestration import input_files
 
     monkeypatch.setattr(input_files, "MAX_CONFIG_BYTES", 100)
     path = _config(tmp_path)

@@ -18,7 +18,7 @@ import yaml
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.dataset_config import DatasetConfig
-from presto_client.orchestration.config.loading import load_job_config, load_prompts
+from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.config.schema import JobConfig
 from presto_client.orchestration.prompts import dataset_loader
 from presto_client.orchestration.prompts.dataset_loader import (
@@ -26,6 +26,7 @@ from presto_client.orchestration.prompts.dataset_loader import (
     hub_cached,
     load_rows,
 )
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 ROWS: list[dict[str, Any]] = [
     {"problem": "What is 1+1?", "answer": "2", "level": 1},

@@ -10,10 +10,11 @@ from orch_helpers import make_config
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config import executor_config
-from presto_client.orchestration.config.loading import load_job_config, load_prompts
+from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.executors.shares import deal, split, worker_shares
+from presto_client.orchestration.planned import ExecutorSettings
 from presto_client.orchestration.planning.plan import describe_plan, make_plan
-from presto_client.orchestration.planning.planned import ExecutorSettings
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 
 def test_the_default_executor_is_local(tmp_path: Path) -> None:

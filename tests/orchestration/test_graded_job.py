@@ -13,9 +13,10 @@ import pytest
 from orch_helpers import PROMPTS, make_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config.loading import load_job_config, load_prompts
+from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.planning.planned import GraderSpec
+from presto_client.orchestration.planned import GraderSpec
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 from presto_client.orchestration.results import quality
 from presto_client.orchestration.results.eval_stats import pass_at_k
 from presto_client.reporting.tables import format_summary_table
@@ -185,7 +186,7 @@ def test_the_shipped_graded_example_loads_and_its_answers_grade_right() -> None:
     assert {"sequential", "greedy", "low_temperature"} <= set(cfg.sampler.traversals)
     prompts = load_prompts(cfg)
     assert len(prompts) == 40 and all(p.answer is not None for p in prompts)
-    from presto_client.orchestration.results.grading import build_grader
+    from presto_client.orchestration.grading import build_grader
 
     grader = build_grader(cfg.grader)
     for p in prompts:

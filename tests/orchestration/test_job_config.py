@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config.loading import load_job_config, load_prompts, redacted_dump
+from presto_client.orchestration.config.loading import load_job_config, redacted_dump
 from presto_client.orchestration.config.overrides import apply_override
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 

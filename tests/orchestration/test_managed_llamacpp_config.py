@@ -20,8 +20,8 @@ from presto_client.orchestration.config.loading import load_job_config
 from presto_client.orchestration.config.schema import HttpEngineConfig
 from presto_client.orchestration.engines.engine_openers import StartedServerOpener
 from presto_client.orchestration.engines.opening import start_embedded_servers
+from presto_client.orchestration.planned import LlamaCppServer
 from presto_client.orchestration.planning.plan import make_plan
-from presto_client.orchestration.planning.planned import LlamaCppServer
 
 
 def load(tmp_path: Path, *engines: dict[str, Any]) -> Any:

@@ -22,7 +22,7 @@ CONFIG_SIDE = (
     "presto_client.orchestration.config.schema",
     "presto_client.orchestration.config.engine_config",
     "presto_client.orchestration.config.loading",
-    "presto_client.orchestration.results.grading",
+    "presto_client.orchestration.grading",
     "presto_client.orchestration.planning.plan",
 )
 

@@ -9,8 +9,8 @@ import pytest
 
 from presto_client.core.settings import SamplerConfig
 from presto_client.orchestration.config.loading import validate_job_config
+from presto_client.orchestration.planned import Prompt
 from presto_client.orchestration.planning.plan import make_plan
-from presto_client.orchestration.planning.planned import Prompt
 from tests.support.plans import plan_of
 
 

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config.loading import load_job_config, load_prompts
-from presto_client.orchestration.prompts.input_files import MAX_PROMPTS_BYTES, read_text_file
+from presto_client.orchestration.config.loading import load_job_config
+from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, read_text_file
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 ROWS = 100_000
 

@@ -10,9 +10,9 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config.loading import load_prompts
 from presto_client.orchestration.job import run_job
 from presto_client.orchestration.planning.plan import make_plan
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 ray = pytest.importorskip("ray")
 
@@ -47,7 +47,7 @@ def test_an_unreachable_address_is_refused_before_anything_is_written(
 
 LOCAL_INSTANCE = """
 import asyncio, json, os
-from presto_client.orchestration.planning.planned import ExecutorSettings
+from presto_client.orchestration.planned import ExecutorSettings
 from presto_client.orchestration.executors.ray_executor import RaySession
 
 async def main():

@@ -15,7 +15,6 @@ from test_orchestrator import MemorySink, specs
 
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import EngineUnavailableError
-from presto_client.orchestration.config.loading import load_prompts
 from presto_client.orchestration.executors.orchestrator import (
     ChainOutcome,
     ChainSpec,
@@ -23,8 +22,9 @@ from presto_client.orchestration.executors.orchestrator import (
 )
 from presto_client.orchestration.executors.ray_executor import RayExecutor, RaySession
 from presto_client.orchestration.executors.ray_worker import ChainReport
+from presto_client.orchestration.planned import ExecutorSettings, JobSettings
 from presto_client.orchestration.planning.plan import make_plan
-from presto_client.orchestration.planning.planned import ExecutorSettings, JobSettings
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 
 class ActorDied(Exception):

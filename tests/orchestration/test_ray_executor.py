@@ -19,11 +19,11 @@ import pytest
 from orch_helpers import make_config
 
 from presto_client.errors import ConfigError, EngineUnavailableError
-from presto_client.orchestration.config.loading import load_prompts
 from presto_client.orchestration.executors.orchestrator import ChainOutcome, ChainSpec
 from presto_client.orchestration.executors.ray_executor import WORKER_NAME
 from presto_client.orchestration.job import run_job
 from presto_client.orchestration.planning.plan import make_plan
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 from presto_client.orchestration.run_dir.rundir import RunDir
 
 ray = pytest.importorskip("ray")

@@ -82,7 +82,7 @@ def test_a_driver_killed_by_sigkill_takes_its_ray_processes_with_it(tmp_path: Pa
 
 OUTPUT = """
 import asyncio, json, logging, sys, time
-from presto_client.orchestration.planning.planned import ExecutorSettings
+from presto_client.orchestration.planned import ExecutorSettings
 from presto_client.orchestration.executors.ray_executor import RaySession
 
 records = []

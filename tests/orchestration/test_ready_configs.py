@@ -15,9 +15,9 @@ import pytest
 from presto_client.cli import build_parser, main
 from presto_client.cli_quick_run import load, ready_configs
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config.loading import load_prompts
-from presto_client.orchestration.planning.planned import Prompt
-from presto_client.orchestration.results.grading import build_grader
+from presto_client.orchestration.grading import build_grader
+from presto_client.orchestration.planned import Prompt
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 READY = ["aime2024", "aime2025", "gpqa_diamond", "gsm8k", "math500"]
 RWS_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."

@@ -20,7 +20,7 @@ from presto_client.backends.pool import Reply
 from presto_client.backends.routing import RoutedEngine
 from presto_client.errors import ConfigError
 from presto_client.orchestration.job import run_job_async
-from presto_client.orchestration.planning.planned import routing_key
+from presto_client.orchestration.planned import routing_key
 from tests.support.emulation import BadRequest, EmulationServer
 from tests.support.memory_pool import Answer, MemoryPool, Sent, json_answer, text_answer
 from tests.support.plans import plan_of

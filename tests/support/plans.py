@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from presto_client.orchestration.config.loading import load_prompts
 from presto_client.orchestration.config.schema import JobConfig
+from presto_client.orchestration.planned import JobPlan
 from presto_client.orchestration.planning.plan import make_plan
-from presto_client.orchestration.planning.planned import JobPlan
+from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
 
 def plan_of(

@@ -49,7 +49,7 @@ from presto_client.orchestration.engines.engine_openers import (
     ReferenceOpener,
     StartedServerOpener,
 )
-from presto_client.orchestration.planning.planned import (
+from presto_client.orchestration.planned import (
     EmbeddedServer,
     PlannedEngine,
     ReplicaOpener,

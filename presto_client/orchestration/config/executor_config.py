@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from presto_client.orchestration.config.engine_config import StrictModel
-from presto_client.orchestration.planning.planned import ExecutorSettings
+from presto_client.orchestration.planned import ExecutorSettings
 
 RAY_EXTRA_HINT = "install the extra: pip install 'presto-client[ray]'"
 DEFAULT_RAY_WORKERS = 2

@@ -28,7 +28,7 @@ from presto_client.orchestration.config.engine_config import (
     register_engine_kind,
 )
 from presto_client.orchestration.engines.engine_openers import StartedServerOpener
-from presto_client.orchestration.planning.planned import LlamaCppServer
+from presto_client.orchestration.planned import LlamaCppServer
 
 
 class ManagedLlamaCppConfig(EngineConfigBase):

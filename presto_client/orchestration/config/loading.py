@@ -13,7 +13,6 @@ import os
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -23,13 +22,10 @@ from pydantic import (
 )
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config.dataset_config import DatasetConfig
+from presto_client.orchestration import input_files
 from presto_client.orchestration.config.overrides import apply_override, format_loc, parse_path
-from presto_client.orchestration.config.schema import ENGINE_TAGS, JobConfig, Prompt, engine_kinds
-from presto_client.orchestration.prompts import input_files
-from presto_client.orchestration.prompts.dataset_loader import load_rows
-from presto_client.orchestration.prompts.input_files import load_yaml, read_text_file
-from presto_client.orchestration.prompts.prompt_rows import rows_to_prompts
+from presto_client.orchestration.config.schema import ENGINE_TAGS, JobConfig, engine_kinds
+from presto_client.orchestration.input_files import load_yaml, read_text_file
 from presto_client.urls import redact_url
 
 
@@ -227,41 +223,6 @@ def load_job_data(
     if cfg.output_dir is None:
         cfg.output_dir = Path("runs") / cfg.name
     return cfg
-
-
-def load_prompts(cfg: JobConfig, *, network: bool = True) -> list[Prompt]:
-    """The job's prompts, in order (a file or dataset is read here; errors name the file and
-    line, or the dataset and row). ``network=False``: a Hugging Face dataset is not loaded
-    (:class:`~presto_client.orchestration.prompts.dataset_loader.DatasetNotLoaded`)."""
-    pc = cfg.prompts
-    prompts: list[Prompt] = []
-    if pc.token_ids is not None:
-        prompts = [Prompt(i, token_ids=tuple(ids)) for i, ids in enumerate(pc.token_ids)]
-    elif pc.texts is not None:
-        prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
-    else:
-        source = pc.dataset if pc.dataset is not None else DatasetConfig(path=pc.file)
-        # (unshuffled, a limit is the first rows: a file is read no further than them)
-        first = pc.limit if not pc.shuffle else None
-        prompts = rows_to_prompts(load_rows(source, network=network, first=first), pc)
-    if pc.answers is not None:
-        if len(pc.answers) != len(prompts):
-            raise ConfigError(
-                f"prompts.answers: {len(pc.answers)} answer(s) for {len(prompts)} prompt(s); "
-                "give one answer (or null) per prompt"
-            )
-        pairs = zip(prompts, pc.answers, strict=True)
-        prompts = [replace(p, answer=a) for p, a in pairs]
-    if pc.limit is not None and pc.file is None and pc.dataset is None:
-        prompts = prompts[: pc.limit]  # (a file's or dataset's rows are cut when selected)
-    if any(p.text is not None for p in prompts):
-        where = pc.file or (pc.dataset.label() if pc.dataset else "prompts.texts")
-        for i, e in enumerate(cfg.engines):
-            if not e.takes_text:
-                raise ConfigError(
-                    f"engines[{i}] ({e.kind}) takes token-id prompts, but {where} holds text"
-                )
-    return prompts
 
 
 _SECRET_WORDS = ("api_key", "password", "secret", "token")

@@ -55,8 +55,8 @@ from presto_client.orchestration.config.engine_config import (
 from presto_client.orchestration.config.executor_config import ExecutorConfig
 from presto_client.orchestration.config.llamacpp_engine import ManagedLlamaCppConfig
 from presto_client.orchestration.config.serve_config import ServeConfig, ServeLimits
-from presto_client.orchestration.planning.planned import Prompt
-from presto_client.orchestration.results.grading import GraderConfig
+from presto_client.orchestration.grading import GraderConfig
+from presto_client.orchestration.planned import Prompt
 
 EngineConfig = engine_config_type()
 """An engine entry of a job config (every registered kind, the managed llama.cpp included)."""

@@ -1,6 +1,6 @@
 """A job's engines, opened: every replica of every engine, probed, identified, checked.
 
-Each engine of the plan (:class:`~presto_client.orchestration.planning.planned.PlannedEngine`) opens
+Each engine of the plan (:class:`~presto_client.orchestration.planned.PlannedEngine`) opens
 its replicas through its own opener: an HTTP engine through the backends' registry
 (:func:`presto_client.backends.create_engine`), the embedded engine as a vLLM-dialect server on
 loopback and a managed llama.cpp as its llama-server (both started here first, by
@@ -30,7 +30,7 @@ from presto_client.core.engine_protocol import (
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.errors import ConfigError, EngineUnavailableError, ProbeError
 from presto_client.orchestration.engines.eos_discovery import discover_eos_token_id
-from presto_client.orchestration.planning.planned import JobPlan, PlannedEngine, ServerToStart
+from presto_client.orchestration.planned import JobPlan, PlannedEngine, ServerToStart
 from presto_client.terminal_text import server_text
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from presto_client.orchestration.executors.orchestrator import (
     Orchestrator,
     OrchestratorResult,
 )
-from presto_client.orchestration.planning.planned import JobPlan, JobSettings
+from presto_client.orchestration.planned import JobPlan, JobSettings
 
 
 class ChainExecutor(Protocol):

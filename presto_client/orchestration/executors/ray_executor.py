@@ -49,7 +49,7 @@ from presto_client.orchestration.executors.ray_reaper import start as start_reap
 from presto_client.orchestration.executors.ray_reaper import stop as stop_reaper
 from presto_client.orchestration.executors.ray_worker import ChainReport, ChainWorker
 from presto_client.orchestration.executors.shares import deal, worker_shares
-from presto_client.orchestration.planning.planned import ExecutorSettings, JobPlan, JobSettings
+from presto_client.orchestration.planned import ExecutorSettings, JobPlan, JobSettings
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from presto_client.orchestration.executors.orchestrator import (
     Orchestrator,
 )
 from presto_client.orchestration.executors.shares import WorkerShare
-from presto_client.orchestration.planning.planned import PlannedEngine
+from presto_client.orchestration.planned import PlannedEngine
 from presto_client.orchestration.prompts.prompt_tokens import decode
 
 logger = logging.getLogger(__name__)

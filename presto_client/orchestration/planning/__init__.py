@@ -1,2 +1,3 @@
-"""The plan: a validated config resolved (:mod:`.plan`) into plain frozen data
-(:mod:`.planned`); a certainty predictor's file read for it (:mod:`.predictor_file`)."""
+"""The plan: a validated config resolved (:mod:`.plan`) into the plain frozen data of
+:mod:`presto_client.orchestration.planned`; a certainty predictor's file read for it
+(:mod:`.predictor_file`)."""

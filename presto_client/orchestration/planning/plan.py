@@ -1,4 +1,5 @@
-"""The plan of a job: a validated config resolved into plain frozen data (:mod:`.planned`).
+"""The plan of a job: a validated config resolved into plain frozen data
+(:mod:`presto_client.orchestration.planned`).
 
 Arms are engine × traversal, chains prompt × chain × arm. Seeds are split from the root seed with
 numpy ``SeedSequence`` by (prompt, chain) so that every arm of a (prompt, chain) gets the same
@@ -6,8 +7,8 @@ seed: ``sequential`` and ``crn`` then replay the same chain, and speedups compar
 Chains are ordered prompt by prompt and chain by chain with the arms interleaved (rotating which
 arm goes first), so machine drift hits all arms alike. The fingerprint is what a resumed run must
 agree on. The plan does no file I/O: the prompts are handed to it (the faces read them,
-:func:`~presto_client.orchestration.config.loading.load_prompts`), and what is finished in a run
-directory is the run directory's answer (:meth:`RunDir.finished_chains`).
+:func:`~presto_client.orchestration.prompts.prompt_rows.load_prompts`), and what is finished in a
+run directory is the run directory's answer (:meth:`RunDir.finished_chains`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from presto_client.core.settings import SamplerConfig
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.loading import redacted_dump
 from presto_client.orchestration.config.schema import JobConfig
-from presto_client.orchestration.planning.planned import (
+from presto_client.orchestration.planned import (
     Arm,
     JobPlan,
     JobSettings,

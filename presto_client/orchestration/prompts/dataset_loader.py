@@ -24,8 +24,8 @@ from typing import Any
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.dataset_config import DatasetConfig
-from presto_client.orchestration.planning.planned import DatasetIdentity
-from presto_client.orchestration.prompts.input_files import MAX_PROMPTS_BYTES, read_text_file
+from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, read_text_file
+from presto_client.orchestration.planned import DatasetIdentity
 
 INSTALL_HINT = "pip install 'presto-client[datasets]'"
 

@@ -11,7 +11,8 @@ seeded shuffle (a sample with ``limit``), in that order of concern:
 The system prompt and the model's chat template are applied afterwards, by the engine
 (``chat_template: true``). Shuffles are keyed by sha256 of (seed, row index), not by a random
 generator, so they do not change with Python or numpy versions, and a row keeps its place among
-the others when rows are added.
+the others when rows are added. :func:`load_prompts` is the job's prompts, read from where its
+config says.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from presto_client.errors import ConfigError
-from presto_client.orchestration.config.dataset_config import LETTERS, ChoicesConfig
-from presto_client.orchestration.planning.planned import Prompt, PromptOrigin
-from presto_client.orchestration.prompts.dataset_loader import LoadedRows, fields_of
+from presto_client.orchestration.config.dataset_config import LETTERS, ChoicesConfig, DatasetConfig
+from presto_client.orchestration.planned import Prompt, PromptOrigin
+from presto_client.orchestration.prompts.dataset_loader import LoadedRows, fields_of, load_rows
 
 if TYPE_CHECKING:
     from presto_client.orchestration.config.dataset_config import PromptsConfig
+    from presto_client.orchestration.config.schema import JobConfig
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 CHAT_ROLES = ("system", "user", "assistant")
@@ -274,3 +277,38 @@ def dataset_fingerprint(prompts: Sequence[Prompt]) -> dict[str, Any] | None:
         "digest": rows,
         "answers": answers,
     }
+
+
+def load_prompts(cfg: JobConfig, *, network: bool = True) -> list[Prompt]:
+    """The job's prompts, in order (a file or dataset is read here; errors name the file and
+    line, or the dataset and row). ``network=False``: a Hugging Face dataset is not loaded
+    (:class:`~presto_client.orchestration.prompts.dataset_loader.DatasetNotLoaded`)."""
+    pc = cfg.prompts
+    prompts: list[Prompt] = []
+    if pc.token_ids is not None:
+        prompts = [Prompt(i, token_ids=tuple(ids)) for i, ids in enumerate(pc.token_ids)]
+    elif pc.texts is not None:
+        prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
+    else:
+        source = pc.dataset if pc.dataset is not None else DatasetConfig(path=pc.file)
+        # (unshuffled, a limit is the first rows: a file is read no further than them)
+        first = pc.limit if not pc.shuffle else None
+        prompts = rows_to_prompts(load_rows(source, network=network, first=first), pc)
+    if pc.answers is not None:
+        if len(pc.answers) != len(prompts):
+            raise ConfigError(
+                f"prompts.answers: {len(pc.answers)} answer(s) for {len(prompts)} prompt(s); "
+                "give one answer (or null) per prompt"
+            )
+        pairs = zip(prompts, pc.answers, strict=True)
+        prompts = [replace(p, answer=a) for p, a in pairs]
+    if pc.limit is not None and pc.file is None and pc.dataset is None:
+        prompts = prompts[: pc.limit]  # (a file's or dataset's rows are cut when selected)
+    if any(p.text is not None for p in prompts):
+        where = pc.file or (pc.dataset.label() if pc.dataset else "prompts.texts")
+        for i, e in enumerate(cfg.engines):
+            if not e.takes_text:
+                raise ConfigError(
+                    f"engines[{i}] ({e.kind}) takes token-id prompts, but {where} holds text"
+                )
+    return prompts

@@ -1,3 +1,3 @@
-"""What a run's files say: its summary (:mod:`.summary`), answer quality (:mod:`.grading`,
-:mod:`.quality`, :mod:`.eval_stats`) and the certainty predictor refit from its decisions
-(:mod:`.predictor_fit`)."""
+"""What a run's files say: its summary (:mod:`.summary`), answer quality (:mod:`.quality`,
+:mod:`.eval_stats`; the graders themselves: :mod:`presto_client.orchestration.grading`) and the
+certainty predictor refit from its decisions (:mod:`.predictor_fit`)."""

@@ -21,14 +21,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from presto_client.core.methods import traversal_names
-from presto_client.orchestration.planning.planned import GraderSpec
+from presto_client.orchestration.grading import GraderFn, build_grader
+from presto_client.orchestration.planned import GraderSpec
 from presto_client.orchestration.results.eval_stats import (
     accuracy,
     mcnemar,
     mean_pass_at_k,
     paired_bootstrap,
 )
-from presto_client.orchestration.results.grading import GraderFn, build_grader
 from presto_client.orchestration.run_dir.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -216,8 +216,9 @@ async def regrade_run(run: RunDir, grader: str) -> int:
     """Grade every finished chain of ``run`` again with ``grader`` (against the answers of its
     config's prompts) and record that grader in its config, so that a resume keeps it; returns
     how many chains were graded (``presto report --regrade``)."""
-    from presto_client.orchestration.config.loading import load_job_data, load_prompts
-    from presto_client.orchestration.results.grading import GraderConfig
+    from presto_client.orchestration.config.loading import load_job_data
+    from presto_client.orchestration.grading import GraderConfig
+    from presto_client.orchestration.prompts.prompt_rows import load_prompts
 
     spec = GraderConfig.model_validate(grader)
     data = {**run.resolved_config(), "grader": spec.model_dump(mode="json")}

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from presto_client.orchestration.planning.planned import GraderSpec
+from presto_client.orchestration.planned import GraderSpec
 
 log = logging.getLogger(__name__)
 
