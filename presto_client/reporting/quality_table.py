@@ -4,10 +4,11 @@ against the reference arm, and the cost of an answer (from
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from presto_client.reporting.text_table import render_table
+from presto_client.reporting.text_table import MAX_TABLE_WIDTH, render_table
 
 
 def _maj_k(quality: Mapping[str, Mapping[str, Any]]) -> str:
@@ -88,18 +89,22 @@ def format_quality_table(quality: Mapping[str, Mapping[str, Any]], arm_order: Se
     if diffs:
         legend += "\naccuracy vs reference, in points (paired bootstrap, 95%):" + "".join(diffs)
     fell_back = [
-        f"{a} {q['graded_by_fallback']}" for a, q in quality.items() if q.get("graded_by_fallback")
+        f"{a.removeprefix(prefix)} {q['graded_by_fallback']}"
+        for a in order
+        if (q := quality[a]).get("graded_by_fallback")
     ]
+    notes = []
     if fell_back:
-        legend += (
-            f"\nanswers graded by fallback (no \\boxed{{}}: the last number or letter): "
-            f"{', '.join(fell_back)}; a strict grader ('strict math') reads only what the "
-            "reference evaluations read"
+        notes.append(
+            "answers graded by fallback (no \\boxed{}: the last number or letter): "
+            f"{', '.join(fell_back)}; the grader's strict form ('strict math', ...) reads only "
+            "what the reference evaluations read"
         )
-    shared = [a.removeprefix(prefix) for a in order if quality[a].get("read_shared_draw")]
-    if shared:
-        legend += (
-            "\nbest_of_n and majority_vote read one draw of N samples (paid once: "
-            f"{', '.join(shared)} read the other's); tokens/answer is the draw's"
+    if any(quality[a].get("read_shared_draw") for a in order):
+        notes.append(
+            "best_of_n and majority_vote read one draw of N samples a chain (paid once; "
+            "tokens/answer is the draw's)"
         )
+    for note in notes:
+        legend += "\n" + "\n".join(textwrap.wrap(note, MAX_TABLE_WIDTH, subsequent_indent="  "))
     return render_table(header, rows) + legend

@@ -109,4 +109,4 @@ async def test_a_job_with_best_of_n_and_majority_vote_pays_for_one_draw(tmp_path
         + quality["ref/majority_vote"]["read_shared_draw"]
         == len(PROMPTS) * 2
     )
-    assert "read one draw of N samples (paid once" in format_quality_table(quality, [])
+    assert "read one draw of N samples a chain (paid once" in format_quality_table(quality, [])

@@ -174,6 +174,7 @@ class ChainGrader:
             "votes": len(winner),
             "n": len(grades),
             "any_correct": any(bool(g.get("correct")) for g in grades),
+            **({"fallback": True} if winner[0].get("fallback") else {}),
             "answer_index": next(i for i, g in enumerate(grades) if g is winner[0]),
         }
 
