@@ -171,10 +171,11 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], limit_s: float = 6
 
 
 async def _health_under_load(
-    url: str, body: dict[str, Any], clients: int, seconds: float, pid: int
+    url: str, upstream_url: str, body: dict[str, Any], clients: int, seconds: float, pid: int
 ) -> dict[str, Any]:
     stop = time.monotonic() + seconds
     health: list[float] = []
+    control: list[float] = []
     served: list[float] = []
     failed: list[int] = []
     peak = [_rss_mb(pid)]
@@ -192,13 +193,16 @@ async def _health_under_load(
                 i += 1
 
         async def probe() -> None:
-            async with httpx.AsyncClient(base_url=url, timeout=60) as prober:
+            # (the upstream's own /health, probed the same way: what this machine's load
+            # costs any server's answer, presto's or not)
+            async with httpx.AsyncClient(timeout=60) as prober:
                 while time.monotonic() < stop:
-                    t0 = time.perf_counter()
-                    r = await prober.get("/health")
-                    health.append(time.perf_counter() - t0)
-                    if r.status_code != 200:
-                        failed.append(r.status_code)
+                    for where, into in ((url, health), (upstream_url, control)):
+                        t0 = time.perf_counter()
+                        r = await prober.get(f"{where}/health")
+                        into.append(time.perf_counter() - t0)
+                        if r.status_code != 200:
+                            failed.append(r.status_code)
                     peak.append(_rss_mb(pid))
                     await asyncio.sleep(0.05)
 
@@ -209,8 +213,10 @@ async def _health_under_load(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     health.sort()
+    control.sort()
     return {
         "health_probes": len(health),
+        "upstream_health_p99_ms": 1000 * control[min(len(control) - 1, int(0.99 * len(control)))],
         "health_p50_ms": 1000 * statistics.median(health),
         "health_p99_ms": 1000 * health[min(len(health) - 1, int(0.99 * len(health)))],
         "health_max_ms": 1000 * health[-1],
@@ -222,7 +228,7 @@ async def _health_under_load(
 
 
 def health(
-    clients: int, n: int, max_tokens: int, steps: int, seconds: float, profile: str
+    clients: int, n: int, max_tokens: int, steps: int, seconds: float, profile: str, bursts: int
 ) -> dict[str, Any]:
     from presto_client.child_servers.ports import free_port
 
@@ -271,15 +277,29 @@ def health(
                 "num_blocks": num_blocks,
                 "steps_per_block": steps,
             }
-            out = asyncio.run(_health_under_load(url, body, clients, seconds, service.pid))
-            time.sleep(5)
+            upstream_url = f"http://127.0.0.1:{up_port}"
+            # Bursts one after the other: memory after each says whether it returns, or at
+            # least stays bounded, burst after burst.
+            after: list[float] = []
+            for _ in range(bursts):
+                out = asyncio.run(
+                    _health_under_load(url, upstream_url, body, clients, seconds, service.pid)
+                )
+                time.sleep(5)
+                after.append(_rss_mb(service.pid))
+            gauges = {
+                line.split()[0]: float(line.split()[1])
+                for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+                if line.split() and line.split()[0].endswith(("active_requests", "in_flight"))
+            }
             out.update(
+                after_5s=gauges,
                 clients=clients,
                 chains_per_request=4 * n,
                 max_tokens=max_tokens,
                 steps_per_block=steps,
                 rss_before_mb=before,
-                rss_after_5s_mb=_rss_mb(service.pid),
+                rss_after_each_burst_mb=after,
             )
             return out
         finally:
@@ -305,13 +325,20 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--steps", type=int, default=8, help="steps_per_block")
     h.add_argument("--seconds", type=float, default=30.0)
     h.add_argument("--profile", default="gpu")
+    h.add_argument("--bursts", type=int, default=1, help="loads one after the other")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.what == "overhead":
         result: Any = overhead(args.requests)
     elif args.what == "health":
         result = health(
-            args.clients, args.n, args.max_tokens, args.steps, args.seconds, args.profile
+            args.clients,
+            args.n,
+            args.max_tokens,
+            args.steps,
+            args.seconds,
+            args.profile,
+            args.bursts,
         )
     else:
         result = load(args.clients, args.seconds, args.profile, args.time_scale)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from presto_client.orchestration.executors.orchestrator import FifoSemaphore
 from presto_client.serve.errors import ApiError
@@ -35,6 +35,8 @@ class Admission:
         self._pending: set[asyncio.Future[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self.on_idle: Callable[[], None] | None = None
+        """Called when the last running request ends (the service gives memory back then)."""
 
     @property
     def active(self) -> int:
@@ -102,3 +104,5 @@ class Admission:
             self._slots.release()
             if self._slots.in_use == 0:
                 self._idle.set()
+                if self.on_idle is not None:
+                    self.on_idle()

@@ -44,7 +44,7 @@ from presto_client.errors import (
 )
 from presto_client.orchestration.engines.server_watch import ServerWatch
 from presto_client.serve.admission import Admission
-from presto_client.serve.chains import ChainBatch, ServedEngine
+from presto_client.serve.chains import ChainBatch, ServingEngine
 from presto_client.serve.errors import ApiError, error_for, invalid, server_gone
 from presto_client.serve.mapping import Limits, batch_for, check_config_within
 from presto_client.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -127,7 +127,7 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 class Service:
     """The app's state and handlers: one served engine, its admission and counters."""
 
-    def __init__(self, engine: ServedEngine, options: ServeOptions) -> None:
+    def __init__(self, engine: ServingEngine, options: ServeOptions) -> None:
         self.engine = engine
         self.options = options
         self.limits: Limits = options.limits or engine.config.serve.limits

@@ -20,7 +20,7 @@ from aiohttp import web
 from presto_client.orchestration.config.schema import JobConfig
 from presto_client.orchestration.engines.server_watch import ServerWatch, WatchedServer
 from presto_client.serve.app import ServeOptions, Service
-from presto_client.serve.chains import ServedEngine
+from presto_client.serve.chains import EngineThread
 from presto_client.serve.guard import (
     GuardedSite,
     default_max_connections,
@@ -65,10 +65,13 @@ async def start_service(
     stack = contextlib.AsyncExitStack()
     try:
         watch = await stack.enter_async_context(ServerWatch(servers))
-        engine = await ServedEngine.open(
-            cfg, stack, embedded_urls=embedded_urls, probe=options.probe, replicas=replicas
+        # (the chains run on a loop of their own: see EngineThread)
+        engine = await EngineThread.open(
+            cfg, embedded_urls=embedded_urls, probe=options.probe, replicas=replicas
         )
+        stack.push_async_callback(engine.aclose)
         service = Service(engine, options)
+        service.admission.on_idle = engine.return_memory
         service.watch = watch
         runner = web.AppRunner(
             service.app(),

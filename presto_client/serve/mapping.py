@@ -28,7 +28,7 @@ from presto_client.core.sampler_config import arm_traversal_names
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.schema import JobConfig, SamplerSettings
 from presto_client.orchestration.config.serve_config import ServeLimits
-from presto_client.serve.chains import ChainBatch, ServedEngine, chain_window, sampler_for
+from presto_client.serve.chains import ChainBatch, ServingEngine, chain_window, sampler_for
 from presto_client.serve.errors import ApiError, invalid
 from presto_client.serve.wire import ChatBody, CompletionBody
 
@@ -196,7 +196,7 @@ def traversal_for(body: CompletionBody | ChatBody, default: str) -> str:
 
 
 async def prompt_ids(
-    engine: ServedEngine, body: CompletionBody | ChatBody, limits: Limits | None = None
+    engine: ServingEngine, body: CompletionBody | ChatBody, limits: Limits | None = None
 ) -> list[tuple[int, ...]]:
     """The request's prompts as token ids under the engine's tokenizer."""
     if isinstance(body, ChatBody):
@@ -220,7 +220,7 @@ async def prompt_ids(
     return out
 
 
-async def _encode_chat(engine: ServedEngine, body: ChatBody) -> tuple[int, ...]:
+async def _encode_chat(engine: ServingEngine, body: ChatBody) -> tuple[int, ...]:
     """The conversation through the engine's chat template. An engine that renders whole
     conversations gets every turn; one that only templates a single user turn (with an
     optional system prompt) gets that, and anything longer is refused."""
@@ -258,7 +258,7 @@ async def _encode_chat(engine: ServedEngine, body: ChatBody) -> tuple[int, ...]:
 
 
 async def _encode(
-    engine: ServedEngine, text: str, *, chat: bool, system: str | None
+    engine: ServingEngine, text: str, *, chat: bool, system: str | None
 ) -> tuple[int, ...]:
     if not engine.can_tokenize:
         raise invalid(
@@ -270,7 +270,7 @@ async def _encode(
 
 
 def check_request(
-    engine: ServedEngine,
+    engine: ServingEngine,
     body: CompletionBody | ChatBody,
     prompts: list[tuple[int, ...]],
     settings: SamplerSettings,
@@ -315,7 +315,7 @@ def check_request(
 
 
 async def batch_for(
-    engine: ServedEngine, body: CompletionBody | ChatBody, default_traversal: str, limits: Limits
+    engine: ServingEngine, body: CompletionBody | ChatBody, default_traversal: str, limits: Limits
 ) -> ChainBatch:
     """The request's chains (prompts tokenized, settings validated, sizes checked): every
     bound is checked before the work that grows with it."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,8 @@ import httpx
 import pytest
 from serve_helpers import ServiceThread, load, reference_job, write_config
 
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.serve_config import ServeLimits
 from presto_client.serve.app import ServeOptions
@@ -186,3 +188,47 @@ def test_the_limits_come_from_the_config_and_the_command_line(tmp_path: Path) ->
     cfg = load(write_config(tmp_path / "job.yaml", data))
     with pytest.raises(ConfigError, match=r"serve\.limits\.max_steps_per_block"):
         check_config_within(cfg, cfg.serve.limits)  # (the service checks it as it starts)
+
+
+class _BusyEngine(ReferenceEngine):
+    """The reference engine whose every proposal call first spins the interpreter for 0.5 s:
+    chain work that never awaits (a saturated client parsing and walking)."""
+
+    def __init__(self) -> None:
+        super().__init__(ReferenceModel(16), name="ref")
+
+    async def generate(self, requests: Sequence[ProposalRequest]) -> list[ScoredTokens]:
+        _spin(0.5)
+        return await super().generate(requests)
+
+    async def stream(self, request: ProposalRequest) -> AsyncIterator[ScoredTokens]:
+        _spin(0.5)
+        async for chunk in super().stream(request):
+            yield chunk
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_health_answers_while_chain_work_holds_the_interpreter(tmp_path: Path) -> None:
+    """Issue 48, item 3: the chains ran on the service's own loop, so a busy chain held
+    /health for as long as it computed (here 0.5 s a call); on their own thread they leave it
+    a turn every millisecond."""
+    cfg = load(write_config(tmp_path / "job.yaml", reference_job(tmp_path / "run")))
+    with ServiceThread(cfg, replicas=[_BusyEngine()]) as service:
+        busy: list[httpx.Response] = []
+        body = {"steps_per_block": 4, "num_blocks": 2, "max_tokens": 8, "seed": 1}
+        thread = threading.Thread(target=lambda: busy.append(_post(service, body, timeout=60)))
+        thread.start()
+        time.sleep(0.3)  # (the request's first proposal call is spinning)
+        waits = []
+        while thread.is_alive() and len(waits) < 8:
+            start = time.perf_counter()
+            assert httpx.get(f"{service.url}/health", timeout=10).status_code == 200
+            waits.append(time.perf_counter() - start)
+        thread.join(timeout=60)
+    assert busy and busy[0].status_code == 200, busy
+    assert len(waits) >= 3 and max(waits) < 0.25, waits
