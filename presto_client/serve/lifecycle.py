@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ async def start_service(
         )
         stack.push_async_callback(engine.aclose)
         service = Service(engine, options)
-        service.admission.on_idle = engine.return_memory
+        service.admission.on_idle = _memory_returned_when_idle(service, engine)
         service.watch = watch
         runner = web.AppRunner(
             service.app(),
@@ -98,6 +98,27 @@ async def start_service(
         raise
     host, port = runner.addresses[0][:2]
     return RunningService(f"http://{host}:{port}", service, runner, stack)
+
+
+RETURN_MEMORY_IDLE_S = 2.0
+"""How long the service is idle before it hands memory back (a full collection: 0.3-0.4 s
+after a burst; after every request it cost a sequential client 2-4 ms a request)."""
+
+
+def _memory_returned_when_idle(service: Service, engine: EngineThread) -> Callable[[], None]:
+    loop = asyncio.get_running_loop()
+    later: list[asyncio.TimerHandle] = []
+
+    def give_back() -> None:
+        if service.admission.active == 0:
+            engine.return_memory()
+
+    def on_idle() -> None:
+        for handle in later:
+            handle.cancel()
+        later[:] = [loop.call_later(RETURN_MEMORY_IDLE_S, give_back)]
+
+    return on_idle
 
 
 async def serve_until_stopped(
