@@ -3,8 +3,9 @@
 Everything else in :mod:`presto_client.serve` sees only :class:`ServedEngine` and
 :class:`ChainBatch`. The engine is opened exactly as ``presto run`` opens it
 (:func:`~presto_client.orchestration.engines.opening.open_engines`); every chain runs through
-:func:`~presto_client.core.runners.run_chain` behind the orchestrator's bounded per-chain view
-(:class:`~presto_client.orchestration.executors.orchestrator.LimitedEngine`), all requests sharing
+the orchestrator's chain step
+(:class:`~presto_client.orchestration.executors.orchestrator.ChainStep`: a bounded view, the
+replica's budget, the engine's shared draws, the config's predictor), all requests sharing
 one per-engine and one global :class:`FifoSemaphore`. Chains of every request therefore share the
 engine's slots and, since the opened engine hands each replica's budget to every chain on it,
 its speculation budget.
@@ -35,7 +36,8 @@ from presto_client.core.engine_protocol import (
     Detokenizing,
     Tokenizing,
 )
-from presto_client.core.runners import ChainResult, run_chain
+from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.runners import ChainResult
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import ConfigError
@@ -48,9 +50,9 @@ from presto_client.orchestration.engines.opening import (
 )
 from presto_client.orchestration.engines.vocab_discovery import resolve_engine_vocab
 from presto_client.orchestration.executors.orchestrator import (
+    ChainStep,
     EnginePool,
     FifoSemaphore,
-    LimitedEngine,
 )
 from presto_client.orchestration.planning.plan import chain_seed, make_plan
 from presto_client.orchestration.prompts.prompt_tokens import decode, encode
@@ -128,6 +130,9 @@ class ServedEngine:
         )
         self.engine_slots = FifoSemaphore(handle.max_concurrency)
         self.global_slots = FifoSemaphore(cfg.max_concurrency)
+        self.step = ChainStep(self.pool, self.engine_slots, self.global_slots)
+        self.predictor: CertaintyPredictor | None = None
+        """The config's certainty predictor (``sampler.predictor``), as a job loads it."""
         self._health: asyncio.Future[str | None] | None = None
         self._health_at = 0.0
         self.last_health: tuple[str | None] | None = None
@@ -159,6 +164,7 @@ class ServedEngine:
             handle = opened[name]
         identities = await engine_identities({name: handle})
         served = cls(cfg, handle, identities.get(name, {}))
+        served.predictor = plan.predictor
         # As a job does: the server's vocabulary, so an answer's ids are checked against it
         # and a client's prompt ids outside it are the client's error (400), found at open.
         served.told_vocab_size = await resolve_engine_vocab(name, handle.replicas)
@@ -316,23 +322,23 @@ class ServedEngine:
         # The chain's key: its request's seed and its place in it (a resent request with the
         # same seed goes back to the replica holding its prefixes).
         key = f"{seed}/p{i}/c{j}"
-        replica, engine = self.pool.chain_engine(key, route_key(key))
-        view = LimitedEngine(engine, self.engine_slots, self.global_slots)
+        # (no warm-up: a request runs one traversal, and warming levels the arms of a job)
+        placed = self.step.place(key, route_key(key))
 
         def on_round(record: RoundRecord) -> None:
             # A block's extension opens it: the one before has had all of its MH steps.
             if on_block is not None and record.kind == "extend" and record.block > 0:
                 on_block(i, j, record.block)
 
-        result = await run_chain(
-            view,
+        result = await self.step.run(
+            placed,
             batch.prompts[i],
             batch.sampler,
             traversal=batch.traversal,
             n_pf=batch.n_pf,
             seed=seed,
             on_round=on_round,
-            budget=self.pool.budgets[replica] if self.pool.budgets else None,
+            predictor=self.predictor,
         )
         if on_block is not None:
             on_block(i, j, batch.sampler.num_blocks)

@@ -369,6 +369,98 @@ def _describe_error(exc: BaseException) -> str:
     return text if isinstance(exc, PrestoError) else f"{type(exc).__name__}: {text}"
 
 
+@dataclass(frozen=True, slots=True)
+class PlacedChain:
+    """A chain's place: its replica, that replica routed for it, and its bounded view."""
+
+    replica: int
+    route_key: str
+    engine: Engine
+    view: LimitedEngine
+
+
+class ChainStep:
+    """One chain on one engine, the one way every face runs a chain (``presto run``'s
+    orchestrator, local or on a Ray worker, and ``presto serve``): its replica and route
+    (:meth:`place`), its prompt's warm-up, the bounded view, the replica's speculation budget
+    (the pool's, else one built here: the one fallback), the engine's shared draws and the
+    method's runner (:meth:`run`)."""
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        engine_slots: FifoSemaphore,
+        global_slots: FifoSemaphore,
+        runner: RunChain = run_chain,
+    ) -> None:
+        self.pool = pool
+        self.engine_slots = engine_slots
+        self.global_slots = global_slots
+        self.runner = runner
+        self.budgets = list(pool.budgets) or SpeculationBudget.per_replica(
+            len(pool.replicas), min(engine_slots.capacity, global_slots.capacity)
+        )
+        self.draws = SharedDraws()
+        self._warm_locks: dict[tuple[int, str], asyncio.Lock] = {}
+        self._warmed: set[tuple[int, str]] = set()
+
+    def place(self, replica_key: str, route_key: str) -> PlacedChain:
+        replica, engine = self.pool.chain_engine(replica_key, route_key)
+        return PlacedChain(
+            replica, route_key, engine, LimitedEngine(engine, self.engine_slots, self.global_slots)
+        )
+
+    async def run(
+        self,
+        placed: PlacedChain,
+        prompt_ids: Sequence[int],
+        sampler: SamplerConfig,
+        *,
+        traversal: str,
+        n_pf: int | None,
+        seed: int,
+        on_round: Callable[[RoundRecord], None] | None = None,
+        predictor: CertaintyPredictor | None = None,
+    ) -> ChainResult:
+        """The chain run on its place."""
+        return await self.runner(
+            placed.view,
+            prompt_ids,
+            sampler,
+            traversal=traversal,
+            n_pf=n_pf,
+            seed=seed,
+            on_round=on_round,
+            predictor=predictor,
+            budget=self.budgets[placed.replica],
+            draws=self.draws,
+        )
+
+    async def warm(
+        self, placed: PlacedChain, prompt_ids: Sequence[int], sampler: SamplerConfig, seed: int
+    ) -> None:
+        """The chain's prompt prefilled on its place, once per replica and route, before the
+        chain and outside its timings (:attr:`ChainSpec.warm_prompt`). A failed warm-up is only
+        logged: the chain makes the same request next and reports what is wrong itself."""
+        key = (placed.replica, placed.route_key)
+        if key in self._warmed:
+            return
+        async with self._warm_locks.setdefault(key, asyncio.Lock()):
+            if key in self._warmed:
+                return
+            # A view of its own: the chain's view counts the chain's requests and queueing.
+            view = LimitedEngine(placed.engine, self.engine_slots, self.global_slots)
+            extension = make_kernel(sampler).extension_request(tuple(prompt_ids), seed)
+            try:
+                await view.generate([dataclasses.replace(extension, num_tokens=1)])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.debug("warming a prompt on replica %d failed: %s", placed.replica, exc)
+            self._warmed.add(key)
+            del self._warm_locks[key]
+
+
 class Orchestrator:
     """Runs chains concurrently under the bounds, reporting to sinks as work completes."""
 
@@ -387,14 +479,11 @@ class Orchestrator:
             raise ValueError("the orchestrator needs at least one engine")
         self.pools = dict(pools)
         self.limits = Limits(max_concurrency, {n: p.max_concurrency for n, p in pools.items()})
-        self.budgets = {
-            n: list(p.budgets)
-            or SpeculationBudget.per_replica(
-                len(p.replicas), min(p.max_concurrency, max_concurrency)
-            )
+        self.steps = {
+            n: ChainStep(p, self.limits.for_engine(n), self.limits.global_slots, runner)
             for n, p in pools.items()
         }
-        self.draws = {n: SharedDraws() for n in pools}
+        self.budgets = {n: step.budgets for n, step in self.steps.items()}
         self.max_concurrency = max_concurrency
         self.max_active_chains = max_active_chains
         self.max_failed_chains = max_failed_chains
@@ -405,15 +494,13 @@ class Orchestrator:
         self._fatal: JobFailedError | None = None
         self._tripped: ChainOutcome | None = None
         """The failed chain that exceeded the failure budget (its error is the one shown)."""
-        self._warm_locks: dict[tuple[str, int, str], asyncio.Lock] = {}
-        self._warmed: set[tuple[str, int, str]] = set()
 
     async def _run_one(self, spec: ChainSpec) -> ChainOutcome:
-        pool = self.pools[spec.engine]
-        replica, engine = pool.chain_engine(spec.replica_key or spec.chain_id, spec.route_key)
+        step = self.steps[spec.engine]
+        placed = step.place(spec.replica_key or spec.chain_id, spec.route_key)
         if spec.warm_prompt:
-            await self._warm(spec, replica, engine)
-        view = LimitedEngine(engine, self.limits.for_engine(spec.engine), self.limits.global_slots)
+            await step.warm(placed, spec.prompt_ids, spec.sampler, spec.seed)
+        replica, view = placed.replica, placed.view
         outcome = ChainOutcome(spec, replica)
         for sink in self.sinks:
             sink.chain_started(spec, replica)
@@ -432,8 +519,8 @@ class Orchestrator:
 
         start = time.perf_counter()
         try:
-            outcome.result = await self.runner(
-                view,
+            outcome.result = await step.run(
+                placed,
                 spec.prompt_ids,
                 spec.sampler,
                 traversal=spec.traversal,
@@ -441,8 +528,6 @@ class Orchestrator:
                 seed=spec.seed,
                 on_round=on_round,
                 predictor=spec.predictor,
-                budget=self.budgets[spec.engine][replica],
-                draws=self.draws[spec.engine],
             )
         except asyncio.CancelledError:
             raise
@@ -464,31 +549,6 @@ class Orchestrator:
             except Exception as exc:  # a finishing touch never fails a finished chain
                 logger.warning("chain %s: finishing step failed: %s", spec.chain_id, exc)
         return outcome
-
-    async def _warm(self, spec: ChainSpec, replica: int, engine: Engine) -> None:
-        """Prefill ``spec``'s prompt once per replica key (see :attr:`ChainSpec.warm_prompt`).
-
-        A failed warm-up is only logged: the chain makes the same request next and reports
-        what is wrong itself."""
-        key = (spec.engine, replica, spec.route_key)
-        if key in self._warmed:
-            return
-        async with self._warm_locks.setdefault(key, asyncio.Lock()):
-            if key in self._warmed:
-                return
-            # A view of its own: the chain's view counts the chain's requests and queueing.
-            view = LimitedEngine(
-                engine, self.limits.for_engine(spec.engine), self.limits.global_slots
-            )
-            extension = make_kernel(spec.sampler).extension_request(spec.prompt_ids, spec.seed)
-            try:
-                await view.generate([dataclasses.replace(extension, num_tokens=1)])
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.debug("chain %s: warming its prompt failed: %s", spec.chain_id, exc)
-            self._warmed.add(key)
-            del self._warm_locks[key]
 
     async def _worker(self, queue: deque[ChainSpec]) -> None:
         while queue:
