@@ -57,14 +57,16 @@ from presto_client.backends.adapter import (
     SlotPlacement,
 )
 from presto_client.backends.parsing import (
+    BULK_ROW,
     TokenLogprobs,
+    bulk_row,
     check_ids,
     logprob_value,
     token_id_value,
     topk_rows,
 )
 from presto_client.backends.tokenizer_calls import ServerTokenizer
-from presto_client.core.engine_protocol import ProposalRequest
+from presto_client.core.engine_protocol import FloatArray, IntArray, ProposalRequest
 from presto_client.errors import InvalidResponseError
 
 SEED_MODULUS = 0xFFFFFFFF
@@ -156,7 +158,7 @@ def parse_probabilities(probs: Any, k: int, *, label: str, full_row: bool = Fals
         )
     ids: list[int] = []
     values: list[float] = []
-    rows: list[list[tuple[int, float]]] = []
+    rows: list[list[tuple[int, float]] | tuple[IntArray, FloatArray]] = []
     for i, item in enumerate(probs):
         what = f"completion_probabilities[{i}]"
         if not isinstance(item, dict):
@@ -171,6 +173,10 @@ def parse_probabilities(probs: Any, k: int, *, label: str, full_row: bool = Fals
         top = item.get("top_logprobs")
         if not isinstance(top, list):
             raise InvalidResponseError(f"{label}: {what}.top_logprobs is missing")
+        bulk = bulk_row(top) if len(top) >= BULK_ROW else None
+        if bulk is not None:
+            rows.append(bulk)
+            continue
         rows.append(
             [
                 (
@@ -180,7 +186,8 @@ def parse_probabilities(probs: Any, k: int, *, label: str, full_row: bool = Fals
                 for e in top
             ]
         )
-    width = max((len(r) for r in rows), default=0) if full_row else k
+    width = max((len(r[0] if isinstance(r, tuple) else r) for r in rows), default=0)
+    width = width if full_row else k
     top_ids, top_lps = topk_rows(rows, width, label=label)
     return TokenLogprobs(np.asarray(ids, dtype=np.int64), np.asarray(values), top_ids, top_lps)
 
@@ -511,12 +518,13 @@ class LlamaCppAdapter(Adapter):
         if len(bodies) != len(token_ids):
             raise InvalidResponseError(f"{label}: {len(bodies)} answers for {len(token_ids)}")
         full = top_k < 0
-        out: TokenLogprobs | None = None
-        for j, body in enumerate(bodies):
-            row = parse_completion(body, top_k, 1, label=f"{label} (token {j})", full_row=full)
-            out = row if out is None else out.concat(row)
-        if out is None:
+        rows = [
+            parse_completion(body, top_k, 1, label=f"{label} (token {j})", full_row=full)
+            for j, body in enumerate(bodies)
+        ]
+        if not rows:
             return TokenLogprobs.empty(max(top_k, 0))
+        out = TokenLogprobs.joined(rows)
         if not full:
             out = TokenLogprobs(
                 out.token_ids, out.logprobs, out.top_ids[:, :top_k], out.top_logprobs[:, :top_k]

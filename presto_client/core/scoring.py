@@ -59,6 +59,19 @@ class TokenLogprobs:
             np.concatenate([a.top_logprobs, b.top_logprobs]),
         )
 
+    @staticmethod
+    def joined(parts: Sequence[TokenLogprobs]) -> TokenLogprobs:
+        """The parts one after the other, as :meth:`concat` in turn gives them, in one copy
+        (a whole-vocabulary row per position: concat in turn copied them quadratically)."""
+        k = max(part.top_ids.shape[1] for part in parts)
+        padded = [part.padded(k) for part in parts]
+        return TokenLogprobs(
+            np.concatenate([part.token_ids for part in padded]),
+            np.concatenate([part.logprobs for part in padded]),
+            np.concatenate([part.top_ids for part in padded]),
+            np.concatenate([part.top_logprobs for part in padded]),
+        )
+
     def padded(self, k: int) -> TokenLogprobs:
         have = self.top_ids.shape[1]
         if have >= k:
