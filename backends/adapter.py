@@ -92,6 +92,12 @@ class ScoringCalls(Protocol):
         ``prefix``, with top-``top_k`` (``top_k == -1``: the whole vocabulary)."""
         ...
 
+    def read_score_body(self, body: Any, index: int, top_k: int, *, label: str) -> Any:
+        """What is kept of call ``index``'s answer as it arrives, before the others: the body,
+        or its record where the answers are large (llama.cpp's whole-vocabulary rows, one call
+        a position: held as bodies until the last, 32 of them took ~750 MB)."""
+        ...
+
     def parse_score_bodies(
         self,
         prefix: Sequence[int],
@@ -101,7 +107,8 @@ class ScoringCalls(Protocol):
         *,
         label: str,
     ) -> TokenLogprobs:
-        """The answers of :meth:`build_score_calls`' calls, in order, as one record."""
+        """The answers of :meth:`build_score_calls`' calls (as :meth:`read_score_body` kept
+        them), in order, as one record."""
         ...
 
     def full_vocab_top_k(self) -> int | None:
@@ -137,6 +144,9 @@ class OneCallScoring:
         self, prefix: Sequence[int], token_ids: Sequence[int], model: str, top_k: int, *, label: str
     ) -> list[HttpCall]:
         return [self.build_score(prefix, token_ids, model, top_k, label=label)]
+
+    def read_score_body(self, body: Any, index: int, top_k: int, *, label: str) -> Any:
+        return body
 
     def parse_score_bodies(
         self,

@@ -506,6 +506,12 @@ class LlamaCppAdapter(Adapter):
             calls.append(HttpCall("/completion", payload, f"{label} (token {j})"))
         return calls
 
+    def read_score_body(self, body: Any, index: int, top_k: int, *, label: str) -> TokenLogprobs:
+        """The answer's row, read as it arrives (a whole vocabulary is 4.7 MB of JSON)."""
+        return parse_completion(
+            body, top_k, 1, label=f"{label} (token {index})", full_row=top_k < 0
+        )
+
     def parse_score_bodies(
         self,
         prefix: Sequence[int],
@@ -517,15 +523,16 @@ class LlamaCppAdapter(Adapter):
     ) -> TokenLogprobs:
         if len(bodies) != len(token_ids):
             raise InvalidResponseError(f"{label}: {len(bodies)} answers for {len(token_ids)}")
-        full = top_k < 0
         rows = [
-            parse_completion(body, top_k, 1, label=f"{label} (token {j})", full_row=full)
+            body
+            if isinstance(body, TokenLogprobs)
+            else self.read_score_body(body, j, top_k, label=label)
             for j, body in enumerate(bodies)
         ]
         if not rows:
             return TokenLogprobs.empty(max(top_k, 0))
         out = TokenLogprobs.joined(rows)
-        if not full:
+        if top_k >= 0:
             out = TokenLogprobs(
                 out.token_ids, out.logprobs, out.top_ids[:, :top_k], out.top_logprobs[:, :top_k]
             )

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from presto_client.backends.adapter import SCALED, Adapter, ScoringCalls
+from presto_client.backends.adapter import SCALED, Adapter, HttpCall, ScoringCalls
 from presto_client.backends.generation import answer_cap
 from presto_client.backends.http_probe import ServerFindings
 from presto_client.backends.parsing import TokenLogprobs, check_token_ids
@@ -75,14 +76,14 @@ class Scoring:
         scoring = self._part()
         calls = scoring.build_score_calls(prefix, token_ids, model, k, label=slabel)
         cap = answer_cap(self.spec, len(prefix) + len(token_ids), k)
-        bodies = await gather_or_fail(
-            [
-                self.transport.request_json(
-                    "POST", c.path, c.payload, label=c.label, max_bytes=cap, headers=headers
-                )
-                for c in calls
-            ]
-        )
+
+        async def answer(index: int, call: HttpCall) -> Any:
+            body = await self.transport.request_json(
+                "POST", call.path, call.payload, label=call.label, max_bytes=cap, headers=headers
+            )
+            return scoring.read_score_body(body, index, k, label=slabel)
+
+        bodies = await gather_or_fail([answer(i, c) for i, c in enumerate(calls)])
         parsed = scoring.parse_score_bodies(prefix, token_ids, bodies, k, label=slabel)
         return check_token_ids(parsed, self.spec.vocab_size, label=slabel, engine=self.name)
 
