@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from orch_helpers import PROMPTS, CountingEngine, make_config, reference_engine, wait_until
 
+from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.errors import ConfigError
 from presto_client.orchestration.executors.orchestrator import JobFailedError
 from presto_client.orchestration.job import run_job_async
@@ -294,9 +295,25 @@ async def test_the_failure_budgets_message_counts_every_failed_chain_written(
     rows but not counted in the message ("2 chain(s) failed" over 4 failed rows)."""
     cfg = make_config(tmp_path / "run", max_failed_chains=1, max_active_chains=8)
     plan = plan_of(cfg)
-    broken = CountingEngine(reference_engine(), fail_if=lambda prefix: True)
+
+    class _FailingTogether(ReferenceEngine):
+        """Every proposal call fails, once four are in flight: chains fail together (left to
+        the scheduler, two sometimes failed before the others had asked)."""
+
+        def __init__(self) -> None:
+            super().__init__(ReferenceModel(6), name="ref")
+            self.waiting = 0
+            self.together = asyncio.Event()
+
+        async def generate(self, requests: Any) -> Any:
+            self.waiting += 1
+            if self.waiting >= 4:
+                self.together.set()
+            await self.together.wait()
+            raise ConnectionError("the server went away")
+
     with pytest.raises(JobFailedError) as err:
-        await run_job_async(plan, engine_overrides={"ref": [broken]})
+        await run_job_async(plan, engine_overrides={"ref": [_FailingTogether()]})
     failed = [s for s in lines(tmp_path / "run" / "samples.jsonl") if s["status"] == "failed"]
     assert len(failed) > 2  # (several chains were failing together)
     assert f"{len(failed)} chain(s) failed, more than the failure budget of 1" in str(err.value)
