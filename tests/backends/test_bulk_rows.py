@@ -115,3 +115,32 @@ def test_rows_joined_at_once_equal_rows_joined_in_turn() -> None:
         )
     in_turn = parts[0].concat(parts[1]).concat(parts[2])
     _same(TokenLogprobs.joined(parts), in_turn)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+def test_exact_scores_from_whole_rows_are_the_same_built_a_few_rows_at_a_time(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import presto_client.core.scoring as scoring
+    from presto_client.core.engine_protocol import ScoreSpec
+
+    rng = np.random.default_rng(5)
+    vocab, rows = 3000, []
+    for _ in range(19):
+        lp = np.log(rng.dirichlet(np.full(vocab, 0.3)))
+        lp[rng.integers(0, vocab, 40)] = -np.inf
+        order = np.argsort(-lp)
+        rows.append(
+            TokenLogprobs(
+                order[:1], lp[order[:1]], order[None, :].astype(np.int64), lp[order][None]
+            )
+        )
+    raw = TokenLogprobs.joined(rows)
+    spec = ScoreSpec((0.25, 0.5, 1.0), True)
+    ids = raw.token_ids.tolist()
+    monkeypatch.setattr(scoring, "FULL_ROWS_AT_ONCE", 10**6)
+    whole = scoring.exact_from_full_rows(ids, raw, spec, vocab)
+    monkeypatch.setattr(scoring, "FULL_ROWS_AT_ONCE", chunk)
+    chunked = scoring.exact_from_full_rows(ids, raw, spec, vocab)
+    for name in ("logp0", "logq_lo", "logq_hi", "entropy"):
+        assert np.array_equal(getattr(whole, name), getattr(chunked, name)), name
