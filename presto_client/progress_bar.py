@@ -53,6 +53,7 @@ class ProgressBar:
         self.baseline_blocks = max(1, baseline_blocks)
         self.baseline_share = baseline_share
         self.unit = "step" if baseline_share > 0 else "transition"
+        self._baselines = frozenset(baseline_names())
         self.every_s = every_s
         self.bar: Any = None
         self.failed = 0
@@ -109,7 +110,7 @@ class ProgressBar:
         if not self._active:
             return
         self._show()
-        baseline = spec.traversal in baseline_names()
+        baseline = spec.traversal in self._baselines
         n = int(record.kind == "propose") if baseline else int(record.transitions)
         self.done += n
         self._by_chain[spec.chain_id] = self._by_chain.get(spec.chain_id, 0) + n
@@ -127,7 +128,7 @@ class ProgressBar:
         self.chains_done += 1
         # A chain that stopped early (failed) will not bring its remaining transitions.
         expected = (
-            self.baseline_blocks if outcome.spec.traversal in baseline_names() else self.per_chain
+            self.baseline_blocks if outcome.spec.traversal in self._baselines else self.per_chain
         )
         missing = expected - self._by_chain.pop(outcome.spec.chain_id, 0)
         if missing > 0:

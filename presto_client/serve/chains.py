@@ -355,8 +355,9 @@ class EngineThread:
 
     SWITCH_INTERVAL_S = 0.001
     """How long the chains' thread may hold the interpreter while the service's thread waits
-    for it (Python's default, 5 ms, made each of the few hand-overs of a /health answer wait
-    that long: its p99 was 103 ms under load on 2 cores, 1 ms: see docs/benchmarks.md)."""
+    for it (Python's default: 5 ms a hand-over, a few per /health answer). Measured alone it
+    made no clear difference (p99 103 ms at 5 ms, 95 ms at 1 ms, both before the collector's
+    passes were made rarer); kept as the bound on each hand-over."""
 
     FULL_COLLECTION_EVERY = 30
     """Passes of the collector's middle generation between two full ones (Python's: 10)."""
