@@ -175,7 +175,7 @@ def test_upstream_down_is_a_503_and_nothing_hangs(tmp_path: Path) -> None:
             "name": "emu",
             "base_url": upstream.base_url,
             "max_retries": 0,
-            "connect_timeout_s": 2,
+            "connect_timeout_s": 10,  # (a stopped upstream refuses at once; 2 s failed at load 8)
             "restart_window_s": 0,
         }
     ]
@@ -223,21 +223,27 @@ def test_beyond_the_queue_bound_is_a_429_with_retry_after(tmp_path: Path) -> Non
     options = ServeOptions(port=0, max_active=1, max_queue=1)
     with ServiceThread(load(config), options, replicas=[_GatedEngine(gate)]) as service:
         body = {"model": "ref", "prompt": [1, 2], "seed": 1, "traversal": "sequential"}
-        results: list[httpx.Response] = []
-        threads = [
-            threading.Thread(target=lambda: results.append(_post(service, body, timeout=120)))
-            for _ in range(2)
-        ]
-        for t in threads:
-            t.start()
+        results: list[httpx.Response | BaseException] = []
+
+        def send() -> None:
+            try:
+                results.append(_post(service, body, timeout=120))
+            except Exception as exc:  # (said by the wait below, not lost in a thread)
+                results.append(exc)
+
         admission = service.running.service.admission  # type: ignore[union-attr]
-        # A deadline, not a count of polls: on a loaded 2-core machine the two requests can
-        # take seconds to reach admission, and a third sent before then is queued, not refused
-        # (it would then wait on the gate until the client's timeout).
-        deadline = time.monotonic() + 60
-        while service.call(lambda: (admission.active, admission.waiting)) != (1, 1):
-            assert time.monotonic() < deadline, "the two requests never filled the bounds"
-            threading.Event().wait(0.01)
+        threads = [threading.Thread(target=send) for _ in range(2)]
+        # One request at a time, each waited for against a deadline (not a count of polls: on
+        # a loaded 2-core machine a request can take seconds to reach admission, and a third
+        # sent before then is queued, not refused).
+        for thread, state in zip(threads, [(1, 0), (1, 1)], strict=True):
+            thread.start()
+            deadline = time.monotonic() + 60
+            while (now := service.call(lambda: (admission.active, admission.waiting))) != state:
+                assert time.monotonic() < deadline and not results, (
+                    f"(active, waiting) is {now}, not {state}; answers so far: {results}"
+                )
+                threading.Event().wait(0.01)
         refused = _post(service, body)
         assert refused.status_code == 429
         assert int(refused.headers["Retry-After"]) >= 1
@@ -245,10 +251,11 @@ def test_beyond_the_queue_bound_is_a_429_with_retry_after(tmp_path: Path) -> Non
         gate.set()
         for t in threads:
             t.join(timeout=30)
-        assert [r.status_code for r in results] == [200, 200]
+        answers = [r for r in results if isinstance(r, httpx.Response)]
+        assert [r.status_code for r in answers] == [200, 200], results
         assert (
-            results[0].json()["choices"][0]["token_ids"]
-            == (results[1].json()["choices"][0]["token_ids"])
+            answers[0].json()["choices"][0]["token_ids"]
+            == (answers[1].json()["choices"][0]["token_ids"])
         )
         metrics = httpx.get(f"{service.url}/metrics").text
         assert 'presto_serve_requests_total{endpoint="/v1/completions",status="429"} 1' in metrics
