@@ -7,6 +7,7 @@ pure functions, no I/O.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from presto_client.backends.parsing import (
     topk_from_flat,
     topk_rows,
 )
+from presto_client.core.engine_protocol import FloatArray, IntArray
 from presto_client.errors import InvalidResponseError
 
 
@@ -115,3 +117,106 @@ def completion_logprobs_per_token(
         rows.append(row)
     top_ids, top_lps = topk_rows(rows, k, label=label)
     return TokenLogprobs(np.asarray(ids, dtype=np.int64), values, top_ids, top_lps)
+
+
+class CanonicalKeys:
+    """The ``token_id:<id>`` keys (vLLM's top-K rows) seen so far in canonical form: the prefix
+    and the id's decimal digits, no sign, no leading zero, the id inside the vocabulary as known
+    when the key was first seen.
+
+    A row whose keys are all canonical lists no id twice (a dict holds a key once, and a
+    canonical key is the only spelling of its id), every id is a token, and its values alone
+    decide the scores: :func:`top_values_of_rows` then never parses an id. Bounded by the
+    vocabulary (the keys a server can send); cleared past :data:`LIMIT` or when the vocabulary
+    as known shrinks below an id already taken."""
+
+    LIMIT = 1 << 18
+
+    __slots__ = ("_keys", "_largest")
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self._largest = -1
+
+    def cover(self, rows: list[dict[str, Any]], vocab_size: int | None) -> bool:
+        """Whether every key of ``rows`` is canonical (learning the ones not seen before)."""
+        if vocab_size is not None and self._largest >= vocab_size:
+            self._keys.clear()
+            self._largest = -1
+        keys = self._keys
+        if keys.issuperset(chain.from_iterable(rows)):
+            return True
+        new = list(set(chain.from_iterable(rows)) - keys)
+        ids = token_id_keys_array(new)
+        if ids is None:
+            return False
+        listed = ids.tolist()
+        if any(key[_PREFIX_LEN:] != str(i) for key, i in zip(new, listed, strict=True)):
+            return False
+        largest = max(listed)
+        if vocab_size is not None and largest >= vocab_size:
+            return False
+        if len(keys) + len(new) > self.LIMIT:
+            keys.clear()
+            self._largest = -1
+        keys.update(new)
+        self._largest = max(self._largest, largest)
+        return True
+
+
+_PREFIX_LEN = len("token_id:")
+_OWN_ENTRY_TOLERANCE = 1e-3
+"""As :data:`presto_client.core.scoring.ROW_TOLERANCE`: a sampled token's logprob and its own
+row entry come from one softmax."""
+
+
+def top_values_of_rows(
+    token_ids: list[Any],
+    token_logprobs: list[Any],
+    rows: list[Any],
+    k: int,
+    known: CanonicalKeys,
+    vocab_size: int | None,
+) -> tuple[IntArray, FloatArray, FloatArray] | None:
+    """``(token ids, their logprobs, [n, k] top-K values)`` of streamed rows in vLLM's shape,
+    without parsing an id of the rows; ``None`` when anything is unusual (the caller then takes
+    :func:`fast_completion_logprobs`, whose checks raise the precise error).
+
+    The top values are those :func:`~presto_client.backends.parsing.topk_from_flat` keeps,
+    value for value (decreasing; the ids that break its ties do not change a value), so the
+    scores derived from them are bit-identical. Its checks are kept: ids are tokens and
+    listed once (:class:`CanonicalKeys`), values are logprobs, and each sampled token's own
+    entry in its row (vLLM always lists it) equals its logprob, which implies
+    :func:`~presto_client.core.scoring.check_rows_match_tokens`."""
+    n = len(rows)
+    if k <= 0 or n == 0 or len(token_ids) != n or len(token_logprobs) != n:
+        return None
+    ids = token_id_array(token_ids)
+    logprobs = logprob_array(token_logprobs)
+    if ids is None or logprobs is None or not known.cover(rows, vocab_size):
+        return None
+    if vocab_size is not None and int(ids.max()) >= vocab_size:
+        return None
+    own = logprob_array([row.get(f"token_id:{t}") for row, t in zip(rows, token_ids, strict=True)])
+    values = logprob_array(list(chain.from_iterable(map(dict.values, rows))))
+    if own is None or values is None:
+        return None  # (a sampled token missing from its row: None among the values)
+    # (only where the logprob is finite, as the full parse's check: -inf - -inf is no gap)
+    gap = np.subtract(logprobs, own, out=np.zeros(n), where=np.isfinite(logprobs))
+    if not bool((np.abs(gap) <= _OWN_ENTRY_TOLERANCE).all()):
+        return None
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+    width = int(lengths.max())
+    if int(lengths.min()) == width:
+        top = values.reshape(n, width)
+        if width > 1 and not bool((top[:, 1:] <= top[:, :-1]).all()):
+            top = -np.sort(-top, axis=1)
+    else:
+        padded = np.full((n, width), -np.inf)
+        padded[np.arange(width) < lengths[:, None]] = values
+        top = -np.sort(-padded, axis=1)
+    if width >= k:
+        return ids, logprobs, top[:, :k]
+    out = np.full((n, k), -np.inf)
+    out[:, :width] = top
+    return ids, logprobs, out

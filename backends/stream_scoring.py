@@ -22,10 +22,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from presto_client.backends.completions import fast_completion_logprobs
+from presto_client.backends.completions import (
+    CanonicalKeys,
+    fast_completion_logprobs,
+    top_values_of_rows,
+)
 from presto_client.backends.parsing import check_token_ids
 from presto_client.core.engine_protocol import ScoredTokens, ScoreSpec
-from presto_client.core.scoring import scored_from_raw
+from presto_client.core.scoring import scored_from_raw, scored_from_top_values
 
 
 @dataclass(slots=True)
@@ -56,6 +60,7 @@ class StreamScorer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seen = 0
         self._since = 0.0
+        self._keys = CanonicalKeys()
         self.batches = 0
         """Passes run (with :attr:`chunks`: how many chunks a pass scored on average)."""
         self.chunks = 0
@@ -113,24 +118,34 @@ class StreamScorer:
         self.chunks += len(chunks)
         if len(chunks) == 1:
             choice = chunks[0].choice
+            logprobs = choice["logprobs"]
+            ids, values, rows = (
+                choice["token_ids"],
+                logprobs["token_logprobs"],
+                logprobs["top_logprobs"],
+            )
         else:
-            ids: list[Any] = []
-            values: list[Any] = []
-            rows: list[Any] = []
+            ids, values, rows = [], [], []
             for chunk in chunks:
                 ids += chunk.choice["token_ids"]
                 logprobs = chunk.choice["logprobs"]
                 values += logprobs["token_logprobs"]
                 rows += logprobs["top_logprobs"]
+        # The rows' values alone where their keys are vLLM's own (no id of a row parsed: half
+        # of a pass's cost); anything else through the full parse.
+        fast = top_values_of_rows(ids, values, rows, self.top_k, self._keys, vocab_size)
+        if fast is not None:
+            scored = scored_from_top_values(*fast, scores, vocab_size)
+        else:
             choice = {
                 "token_ids": ids,
                 "logprobs": {"token_logprobs": values, "top_logprobs": rows},
             }
-        raw = fast_completion_logprobs(choice, self.top_k, expect=None)
-        if raw is None:
-            return [None] * len(chunks)
-        check_token_ids(raw, vocab_size, label="")
-        scored = scored_from_raw(raw, scores, vocab_size)
+            raw = fast_completion_logprobs(choice, self.top_k, expect=None)
+            if raw is None:
+                return [None] * len(chunks)
+            check_token_ids(raw, vocab_size, label="")
+            scored = scored_from_raw(raw, scores, vocab_size)
         if len(chunks) == 1:
             return [scored]
         out: list[ScoredTokens | None] = []

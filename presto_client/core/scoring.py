@@ -156,10 +156,23 @@ def scored_from_raw(
 ) -> ScoredTokens:
     """Scores from raw logprobs: ``log p0`` as returned, ``log q`` as certified intervals."""
     check_rows_match_tokens(raw)
-    lo, hi, entropy = _derive(raw.logprobs, raw.top_logprobs, spec, vocab_size)
+    return scored_from_top_values(raw.token_ids, raw.logprobs, raw.top_logprobs, spec, vocab_size)
+
+
+def scored_from_top_values(
+    token_ids: IntArray,
+    logprobs: FloatArray,
+    top_logprobs: FloatArray,
+    spec: ScoreSpec,
+    vocab_size: int | None = None,
+) -> ScoredTokens:
+    """:func:`scored_from_raw` from the values alone (``[n, K]``, as
+    :class:`TokenLogprobs` holds them): the scores read no id of a row; the rows' checks are
+    the caller's."""
+    lo, hi, entropy = _derive(logprobs, top_logprobs, spec, vocab_size)
     return ScoredTokens(
-        token_ids=raw.token_ids,
-        logp0=raw.logprobs,
+        token_ids=token_ids,
+        logp0=logprobs,
         logq_lo=lo,
         logq_hi=hi,
         entropy=entropy if spec.entropy else None,

@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 from presto_client.backends.completions import (
+    CanonicalKeys,
     completion_logprobs_per_token,
     fast_completion_logprobs,
     parse_completion_logprobs,
+    top_values_of_rows,
 )
 from presto_client.backends.parsing import (
+    check_token_ids,
     logprob_array,
     token_id_array,
     token_id_keys_array,
@@ -23,6 +26,7 @@ from presto_client.backends.parsing import (
     topk_rows,
 )
 from presto_client.backends.sglang import _fast_triples, _top_rows, _triples_per_token
+from presto_client.core.scoring import check_rows_match_tokens
 from presto_client.errors import InvalidResponseError
 
 K = 20
@@ -137,6 +141,93 @@ def test_vllm_unusual_input_behaves_as_per_token(name: str, corrupt: Any) -> Non
         assert got[1] == want[1]
     else:
         same(got[1], want[1])
+
+
+def _values_of(choice: dict[str, Any], k: int, vocab: int | None = 200) -> Any:
+    lp = choice["logprobs"]
+    return top_values_of_rows(
+        choice["token_ids"], lp["token_logprobs"], lp["top_logprobs"], k, CanonicalKeys(), vocab
+    )
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64])
+@pytest.mark.parametrize("k", [1, 5, 20, 30])
+def test_streamed_rows_values_alone_are_the_full_parses_values(n: int, k: int) -> None:
+    """The values-only reading of streamed rows (no id of a row parsed) keeps exactly the
+    values the full parse keeps: sentinels, zeros, shuffled rows, rows of K + 1, rows shorter
+    than K."""
+    rng = random.Random(n * 31 + k)
+    for _ in range(5):
+        choice = vllm_choice(rng, n, k=min(k, 20))
+        got = _values_of(choice, k)
+        assert got is not None, "vLLM's rows must take the values-only path"
+        want = fast_completion_logprobs(choice, k, expect=n)
+        assert want is not None
+        np.testing.assert_array_equal(got[0], want.token_ids)
+        np.testing.assert_array_equal(got[1], want.logprobs)
+        np.testing.assert_array_equal(got[2], want.top_logprobs)
+        assert got[2].shape == (n, k)
+
+
+STREAMED_ONLY: list[tuple[str, Any]] = [
+    (
+        "a second spelling of an id",
+        lambda c: c["logprobs"]["top_logprobs"][0].update(
+            {f"token_id:0{c['token_ids'][0]}": c["logprobs"]["token_logprobs"][0]}
+        ),
+    ),
+    (
+        "an id past the vocabulary in a row",
+        lambda c: c["logprobs"]["top_logprobs"][1].update({"token_id:200": -30.0}),
+    ),
+    (
+        "the sampled token missing from its row",
+        lambda c: c["logprobs"]["top_logprobs"][2].pop(f"token_id:{c['token_ids'][2]}"),
+    ),
+    (
+        "the sampled token's entry another value",
+        lambda c: c["logprobs"]["top_logprobs"][3].update(
+            {f"token_id:{c['token_ids'][3]}": c["logprobs"]["token_logprobs"][3] - 0.5}
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "corrupt"),
+    CORRUPTIONS + STREAMED_ONLY,
+    ids=[c[0] for c in CORRUPTIONS + STREAMED_ONLY],
+)
+def test_streamed_rows_values_alone_refuse_what_the_full_parse_would_not_take(
+    name: str, corrupt: Any
+) -> None:
+    """Whatever the values-only reading takes, the full parse takes too, with the same values
+    and rows whose sampled tokens match (so the scores are the same); anything else is handed
+    to the full parse (``None``), whose checks say what is wrong."""
+    choice = vllm_choice(random.Random(7), 4)
+    corrupt(choice)
+    try:
+        got = _values_of(copy.deepcopy(choice), K)
+    except (TypeError, AttributeError, KeyError):
+        got = None  # (the scorer hands such a batch back too)
+    if got is None:
+        return
+    want = fast_completion_logprobs(choice, K, expect=None)
+    assert want is not None, name
+    check_rows_match_tokens(want)
+    check_token_ids(want, 200, label="")
+    np.testing.assert_array_equal(got[1], want.logprobs)
+    np.testing.assert_array_equal(got[2], want.top_logprobs)
+
+
+def test_canonical_keys_are_learnt_once_and_forgotten_when_the_vocabulary_shrinks() -> None:
+    keys = CanonicalKeys()
+    rows = [{"token_id:5": -1.0, "token_id:17": -2.0}]
+    assert keys.cover(rows, 100) and keys.cover(rows, 100)
+    assert not keys.cover(rows, 10)  # 17 is no token of a 10-token vocabulary
+    assert keys.cover([{"token_id:5": -1.0}], 10)
+    assert not keys.cover([{"token_id:05": -1.0}], None)
+    assert not keys.cover([{"token_id:5 ": -1.0}], None)
 
 
 def test_vectorised_helpers_refuse_what_they_cannot_vouch_for() -> None:
