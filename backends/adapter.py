@@ -180,10 +180,16 @@ class AnswerRepairs(Protocol):
         """Calls that fetch what a generation answer lacks (none: the answer is whole)."""
         ...
 
+    def read_repair_body(self, body: Any, *, label: str) -> Any:
+        """One answer of :meth:`repair_calls` read as it arrives, kept in its place (a whole
+        row is megabytes of JSON: read one at a time, never all in one step)."""
+        ...
+
     def parse_generate_with(
         self, request: ProposalRequest, body: Any, repairs: Sequence[Any], *, label: str
     ) -> TokenLogprobs:
-        """``parse_generate``, completed by the answers of :meth:`repair_calls`."""
+        """``parse_generate``, completed by the answers of :meth:`repair_calls` (as
+        :meth:`read_repair_body` kept them)."""
         ...
 
     def continuation(self, request: ProposalRequest, got: TokenLogprobs) -> ProposalRequest | None:

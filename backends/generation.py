@@ -397,19 +397,21 @@ class Generation:
     async def _repairs(
         self, fixes: Sequence[HttpCall], headers: RequestHeaders | None
     ) -> list[Any]:
-        return await gather_or_fail(
-            [
-                self.transport.request_json(
-                    "POST",
-                    c.path,
-                    c.payload,
-                    label=c.label,
-                    max_bytes=answer_cap(self.spec, 1, -1),
-                    headers=headers,
-                )
-                for c in fixes
-            ]
-        )
+        assert self._fixes is not None  # (repair calls come from the repairs part)
+        read = self._fixes.read_repair_body
+
+        async def answer(call: HttpCall) -> Any:
+            body = await self.transport.request_json(
+                "POST",
+                call.path,
+                call.payload,
+                label=call.label,
+                max_bytes=answer_cap(self.spec, 1, -1),
+                headers=headers,
+            )
+            return read(body, label=call.label)
+
+        return await gather_or_fail([answer(c) for c in fixes])
 
     async def _unstreamed_rest(
         self,

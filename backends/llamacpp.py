@@ -297,6 +297,16 @@ def parse_completion(
     return out
 
 
+def read_whole_row(body: Any, *, label: str) -> TokenLogprobs:
+    """The whole-vocabulary row of one repair answer (:meth:`LlamaCppAdapter.repair_calls`)."""
+    row = parse_probabilities(
+        _body(body, label).get("completion_probabilities"), -1, label=label, full_row=True
+    )
+    if len(row) != 1:
+        raise InvalidResponseError(f"{label}: {len(row)} entries, expected 1")
+    return row
+
+
 def _fill_held_back(
     kept: TokenLogprobs,
     tokens: list[int],
@@ -324,17 +334,14 @@ def _fill_held_back(
     top_lps[have] = kept.top_logprobs[:used, :k]
     for j, body in zip(missing, repairs, strict=True):
         what = f"{label} (the row of held-back token {j})"
-        row = parse_probabilities(
-            _body(body, what).get("completion_probabilities"), k, label=what, full_row=True
-        )
-        if len(row) != 1:
-            raise InvalidResponseError(f"{what}: {len(row)} entries, expected 1")
+        row = body if isinstance(body, TokenLogprobs) else read_whole_row(body, label=what)
         found = np.flatnonzero(row.top_ids[0] == tokens[j])
         if found.size == 0:
             raise InvalidResponseError(f"{what}: the whole row lacks token {tokens[j]}")
         values[j] = row.top_logprobs[0, found[0]]
-        top_ids[j] = row.top_ids[0, :k]
-        top_lps[j] = row.top_logprobs[0, :k]
+        width = min(k, row.top_ids.shape[1])  # (a vocabulary smaller than K: padded)
+        top_ids[j, :width] = row.top_ids[0, :width]
+        top_lps[j, :width] = row.top_logprobs[0, :width]
     return TokenLogprobs(ids, values, top_ids, top_lps)
 
 
@@ -472,6 +479,9 @@ class LlamaCppAdapter(Adapter):
             payload["logit_bias"] = [[0, FORCE_BIAS]]
             calls.append(HttpCall("/completion", payload, f"{label} (row of token {j})"))
         return calls
+
+    def read_repair_body(self, body: Any, *, label: str) -> TokenLogprobs:
+        return read_whole_row(body, label=label)
 
     def parse_generate_with(
         self, request: ProposalRequest, body: Any, repairs: Sequence[Any], *, label: str

@@ -239,6 +239,46 @@ async def test_an_ambiguous_held_back_token_is_scored_from_whole_rows() -> None:
     assert [p["prompt"] for p in sent[1:]] == [[10, 11, 12, 5], [10, 11, 12, 5, 6]]
 
 
+async def test_each_whole_row_is_read_as_it_arrives() -> None:
+    """A repair's whole row (megabytes of JSON on a real vocabulary) is read when its answer
+    comes, not with every other at the end (one step of the loop that took 0.8 s): here the
+    second repair answers only once the first one's row has been read."""
+    first_read = asyncio.Event()
+    kept: list[Any] = []
+
+    async def handler(request: Sent) -> Answer:
+        payload = json.loads(request.body)
+        if payload["n_predict"] != 1:  # both 6s came without probabilities
+            body = _answer([5, 6, 6])
+            del body["completion_probabilities"][1:]
+            return json_answer(200, body)
+        if len(payload["prompt"]) == 5:  # the second repair
+            await asyncio.wait_for(first_read.wait(), 5.0)
+        lp = {4: -0.25, 5: -0.75}[len(payload["prompt"])]
+        row = [{"id": 6, "logprob": lp}, {"id": 9, "logprob": -2.0}]
+        forced = {"id": 0, "logprob": -7.0, "top_logprobs": row}
+        return json_answer(200, {"tokens": [0], "completion_probabilities": [forced]})
+
+    engine = create_engine(_spec(model="m"), pool=MemoryPool(with_props(handler)))
+    adapter = engine.adapter
+    assert isinstance(adapter, LlamaCppAdapter)
+    read = adapter.read_repair_body
+
+    def reading(body: Any, *, label: str) -> Any:
+        kept.append(read(body, label=label))
+        first_read.set()
+        return kept[-1]
+
+    adapter.read_repair_body = reading  # type: ignore[method-assign]
+    try:
+        (scored,) = await engine.generate([_request(3)])
+    finally:
+        await engine.aclose()
+    assert scored.logp0.tolist() == [-0.5, -0.25, -0.75]
+    # What is kept of a repair is its row as arrays, not the answer's JSON objects.
+    assert [type(row).__name__ for row in kept] == ["TokenLogprobs", "TokenLogprobs"]
+
+
 async def test_a_held_back_token_gets_its_row_from_a_whole_row_request() -> None:
     sent: list[dict[str, Any]] = []
     row = [{"id": i, "logprob": lp} for i, lp in ((6, -0.1), (9, -2.0), (4, -3.0), (1, -5.0))]
