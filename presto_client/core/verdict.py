@@ -37,9 +37,16 @@ class Verdict:
 
 
 def check_finite(name: str, *values: float) -> None:
+    """Raise when a ratio came out NaN. A server's NaN logprob is refused where it is parsed,
+    so from a server one arises only from infinities: a token scored ``-inf`` on both sides."""
     for v in values:
         if math.isnan(v):
-            raise InvalidResponseError(f"{name} is NaN: a proposal came back with NaN logprobs")
+            raise InvalidResponseError(
+                f"{name} is NaN: the current sequence and the proposal both hold a token scored "
+                "-inf (probability zero, e.g. a server's -9999 sentinel; -inf minus -inf), or a "
+                "score is NaN; a server that samples tokens it scores -inf applies a logit "
+                "bias, grammar or mask to sampling but not to the logprobs it returns"
+            )
 
 
 def decide_interval(lo: float, hi: float, u: float, epsilon: float) -> Verdict:

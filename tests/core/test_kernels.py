@@ -82,6 +82,26 @@ def test_nan_logprobs_are_refused() -> None:
         kernel.evaluate(state, 1, [bad], draws)
 
 
+def test_minus_infinity_on_both_sides_is_named_not_called_a_nan_logprob() -> None:
+    """A token scored -inf in the current sequence and another in the proposal make log A
+    -inf minus -inf: the error says so (it said "a proposal came back with NaN logprobs",
+    which the parser never lets through)."""
+    kernel = PowerMH(SamplerConfig(block_size=2))
+    state = ChainState((0,), ScoredTokens.exact([1, 2], [-1.0, -np.inf], np.full((2, 1), -0.5)))
+    draws = TransitionDraws(0.9, (0,), (0,), 0.5, 0.5)
+    zero = ScoredTokens.exact([3], [-np.inf], np.full((1, 1), -0.5))
+    with pytest.raises(InvalidResponseError, match=r"both hold a token scored -inf"):
+        kernel.evaluate(state, 1, [zero], draws)
+    # On one side only, log A is infinite and decides: a proposal of probability zero is
+    # rejected, and one that leaves such a token behind accepted.
+    fine = ChainState((0,), ScoredTokens.exact([1, 2], [-1.0, -1.0], np.full((2, 1), -0.5)))
+    verdict = kernel.evaluate(fine, 1, [zero], draws)
+    assert verdict.decided and not verdict.accepted
+    finite = ScoredTokens.exact([3], [-1.0], np.full((1, 1), -0.5))
+    verdict = kernel.evaluate(state, 1, [finite], draws)
+    assert verdict.decided and verdict.accepted
+
+
 @pytest.mark.parametrize("sampler", ["power_mh", "entropy_cut", "multi_try_mh"])
 def test_certified_verdicts_agree_with_exact_verdicts(sampler: str) -> None:
     """Whenever interval scores decide, the decision is the one exact scores give."""
