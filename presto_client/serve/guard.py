@@ -3,10 +3,13 @@
 - **Read deadlines**: a connection must deliver a request's headers within ``idle_timeout_s``
   of opening (or of its previous answer; aiohttp's keep-alive timer, which a partial header
   does not reset), and a request's body within ``body_timeout_s`` (a 408 otherwise).
-- **A connection limit**: past ``max_connections`` open connections, a new one is answered
-  ``503`` with ``Retry-After`` and closed at once, so a flood of slow clients cannot take every
-  file descriptor (the default stays well below the process's descriptor limit: the upstream's
-  connections and the files need some too).
+- **A connection limit**: at ``max_connections`` open connections, a new one takes the place
+  of the one idle longest (no request in progress: a keep-alive connection, or one whose
+  headers are still trickling in, the slowloris), and only when every connection is running a
+  request is it answered ``503`` with ``Retry-After`` and closed at once. So a flood of slow
+  clients cannot take every file descriptor (the default stays well below the process's
+  descriptor limit: the upstream's connections and the files need some too), nor lock real
+  clients out while it lasts.
 - **Log-flood control**: a message that repeats (``Too many open files``, a refused
   connection, a malformed request) is logged a few times per window, then once with how many
   were suppressed, instead of megabytes a second.
@@ -16,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -122,7 +127,7 @@ class _Refuse(asyncio.Protocol):
 class GuardedSite(web.BaseSite):
     """A TCP site that answers connections past ``max_connections`` with a 503."""
 
-    __slots__ = ("_host", "_port", "max_connections", "refused")
+    __slots__ = ("_host", "_port", "evicted", "max_connections", "refused")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int) -> None:
         super().__init__(runner)
@@ -132,6 +137,7 @@ class GuardedSite(web.BaseSite):
         self._port = port
         self.max_connections = max_connections
         self.refused = 0
+        self.evicted = 0
 
     @property
     def name(self) -> str:
@@ -153,6 +159,18 @@ class GuardedSite(web.BaseSite):
             while fresh and (fresh[0][1].transport is not None or now - fresh[0][0] > 1.0):
                 fresh.popleft()
             if len(server.connections) + len(fresh) >= self.max_connections:
+                idle = _idle_longest(server.connections)
+                if idle is not None:
+                    idle.force_close()
+                    self.evicted += 1
+                    logger.warning(
+                        "at the connection limit (--max-connections %d): the connection idle "
+                        "longest closed for a new one",
+                        self.max_connections,
+                    )
+                    handler = server()
+                    fresh.append((now, handler))
+                    return handler
                 self.refused += 1
                 logger.warning(
                     "a connection refused (503): %d open, the limit (--max-connections)",
@@ -166,3 +184,20 @@ class GuardedSite(web.BaseSite):
         self._server = await loop.create_server(
             factory, self._host, self._port, backlog=self._backlog, reuse_address=True
         )
+
+
+def _idle_longest(connections: Sequence[Any]) -> Any:
+    """The open connection without a request in progress whose deadline for its next request
+    (aiohttp's keep-alive close time: its opening or its last answer, plus the idle timeout)
+    comes first; ``None`` when every one is running a request (or aiohttp's handlers no
+    longer tell: then the new connection is refused, as before)."""
+    best, first = None, math.inf
+    for handler in connections:
+        busy = getattr(handler, "_request_in_progress", None)
+        messages = getattr(handler, "_messages", None)
+        due = getattr(handler, "_next_keepalive_close_time", None)
+        if busy is not False or messages or not isinstance(due, float):
+            continue
+        if handler.transport is not None and due < first:
+            best, first = handler, due
+    return best

@@ -81,9 +81,44 @@ def test_a_body_that_never_ends_is_a_408(tmp_path: Path) -> None:
         sock.close()
 
 
+def _slow_body(url: str) -> socket.socket:
+    """A connection running a request: its headers complete, its body still to come."""
+    sock = _connect(url)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model": '
+    )
+    return sock
+
+
+def test_at_the_connection_limit_a_new_client_takes_the_place_of_a_slowloris(
+    tmp_path: Path,
+) -> None:
+    """Connections that send nothing, or headers a line at a time, hold no request: at the
+    limit the one idle longest is closed for a new client, which is served (they locked
+    every other client out, with a 503, until their deadline cut them)."""
+    with _service(tmp_path, max_connections=4, idle_timeout_s=30.0) as service:
+        slow = [_connect(service.url) for _ in range(4)]
+        for sock in slow[:2]:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never ends
+        time.sleep(0.3)
+        clients = [httpx.Client(timeout=10) for _ in range(3)]  # (kept open: each needs a place)
+        for client in clients:
+            assert client.get(f"{service.url}/health").status_code == 200
+        # The three oldest were closed, oldest first (the fourth still holds its place).
+        assert [_closed_within(sock, 1)[0] for sock in slow] == [True, True, True, False]
+        (site,) = service.running._runner.sites  # type: ignore[union-attr]
+        assert site.evicted == 3  # type: ignore[attr-defined]
+        for sock in slow:
+            sock.close()
+        for client in clients:
+            client.close()
+
+
 def test_past_the_connection_limit_a_connection_gets_a_503(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """When every connection is running a request, a new one is refused at once."""
     flood = LogFlood(burst=2, window_s=60)
     guard_log = logging.getLogger("presto_client.serve.guard")
     guard_log.addFilter(flood)
@@ -92,7 +127,7 @@ def test_past_the_connection_limit_a_connection_gets_a_503(
             caplog.at_level(logging.WARNING, logger="presto_client.serve.guard"),
             _service(tmp_path, max_connections=4, idle_timeout_s=30.0) as service,
         ):
-            held = [_connect(service.url) for _ in range(4)]
+            held = [_slow_body(service.url) for _ in range(4)]
             time.sleep(0.3)
             for _ in range(20):
                 extra = _connect(service.url)
