@@ -76,7 +76,7 @@ def overhead(requests: int) -> dict[str, Any]:
         engine = ReferenceEngine(ReferenceModel(64), name="ref")
         wall, cpu = time.perf_counter(), time.process_time()
         for s in range(requests):
-            await run_chain(engine, (1, 2, 3), sampler, traversal="stream", n_pf=4, seed=s)
+            await run_chain(engine, (1, 2, 3), sampler, traversal="stream", size=4, seed=s)
         return time.perf_counter() - wall, time.process_time() - cpu
 
     d_wall, d_cpu = asyncio.run(direct())

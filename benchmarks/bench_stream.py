@@ -250,7 +250,7 @@ async def run_block(
                     prompt,
                     sampler,
                     traversal=arm.traversal,
-                    n_pf=arm.n_pf,
+                    size=arm.n_pf,
                     seed=seed + c,
                     budget=budget,
                 )

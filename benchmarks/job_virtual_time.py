@@ -81,7 +81,7 @@ def main() -> None:
                 with virtual_time() as run:
                     res = run(
                         run_chain(
-                            engine, prompt, cfg, traversal=trav, n_pf=size, seed=seed, budget=budget
+                            engine, prompt, cfg, traversal=trav, size=size, seed=seed, budget=budget
                         )
                     )
                 real = time.perf_counter() - t0

@@ -48,7 +48,7 @@ async def measure(
             [chain % vocab_size],
             config,
             traversal=traversal,
-            n_pf=n_pf,
+            size=n_pf,
             seed=seed * 100_003 + chain,
         )
         s = result.stats

@@ -4,7 +4,7 @@ The public Python API::
 
     from presto_client import SamplerConfig, run_chain
     result = await run_chain(engine, prompt_ids, SamplerConfig(sampler="power_mh"),
-                             traversal="stream", n_pf=8, seed=0)
+                             traversal="stream", size=8, seed=0)
 
 ``engine`` is any :class:`~presto_client.core.engine_protocol.Engine`:
 ``presto_client.backends.create_engine(spec)`` for a vLLM/SGLang/OpenAI-compatible server, or

@@ -43,7 +43,7 @@ async def run_chain(
     sampler: SamplerConfig,
     *,
     traversal: str = "stream",
-    n_pf: int | None = None,
+    size: int | None = None,
     seed: int = 0,
     on_round: RoundCallback | None = None,
     predictor: CertaintyPredictor | None = None,
@@ -52,14 +52,16 @@ async def run_chain(
 ) -> ChainResult:
     """Run one chain of the method ``traversal`` (``sequential``, a PreSTO rule, a baseline).
 
-    ``n_pf`` is the method's size: the round size of a round method, the window of ``stream``
-    (ignored by a method without one); ``None``: the method's default. ``budget`` is the
-    speculation budget of the engine, shared by the chains on it (its owner, the one who opened
-    the engine, hands it in); ``None``: a budget of this chain's own. ``draws``: the engine's
+    ``size`` is the method's size: the round size (``n_pf``) of a round method, the window of
+    ``stream``, the samples of a sample baseline (ignored by a method without one); ``None``:
+    the method's default. ``budget`` is the speculation budget of the engine, shared by the
+    chains on it (its owner, the one who opened the engine, hands it in); ``None``: a budget of
+    this chain's own. ``draws``: the engine's
     :class:`SharedDraws`, through which a job's ``best_of_n`` and ``majority_vote`` read one draw.
     """
     method = get_method(traversal)
-    size = method.default_size() if n_pf is None or method.size == "none" else n_pf
+    if size is None or method.size == "none":
+        size = method.default_size()
     setup = ChainSetup(
         engine,
         sampler,

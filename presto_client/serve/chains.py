@@ -72,7 +72,7 @@ class ChainBatch:
     prompts: tuple[tuple[int, ...], ...]
     sampler: SamplerConfig
     traversal: str
-    n_pf: int | None
+    size: int | None
     """The method's size: the window of ``stream``, the round size of a round method."""
     n: int
     seed: int
@@ -335,7 +335,7 @@ class ServedEngine:
             batch.prompts[i],
             batch.sampler,
             traversal=batch.traversal,
-            n_pf=batch.n_pf,
+            size=batch.size,
             seed=seed,
             on_round=on_round,
             predictor=self.predictor,

@@ -338,7 +338,7 @@ async def batch_for(
         prompts=tuple(prompts),
         sampler=sampler,
         traversal=traversal,
-        n_pf=chain_window(settings, traversal),
+        size=chain_window(settings, traversal),
         n=body.n,
         seed=seed,
     )

@@ -45,7 +45,7 @@ async def test_presto_replays_sequential_over_http(
     with EmulationServer(kind, **server_kw) as server:  # type: ignore[arg-type]
         engine = make_engine(kind, server.base_url, logprob_mode=mode, vocab_size=64)
         seq = await run_chain(engine, PROMPT, sampler, traversal="sequential", seed=7)
-        crn = await run_chain(engine, PROMPT, sampler, traversal=traversal, n_pf=4, seed=7)
+        crn = await run_chain(engine, PROMPT, sampler, traversal=traversal, size=4, seed=7)
         await engine.aclose()
     assert crn.full_token_ids == seq.full_token_ids
     assert [(t.cut, t.accepted) for t in crn.transitions] == [
@@ -67,7 +67,7 @@ async def test_tightening_through_engine_score(
         engine = make_engine(kind, server.base_url, logprob_mode=mode, vocab_size=64, top_k=2)
         for seed in range(3):
             seq = await run_chain(engine, PROMPT, sampler, traversal="sequential", seed=seed)
-            crn = await run_chain(engine, PROMPT, sampler, traversal="crn", n_pf=4, seed=seed)
+            crn = await run_chain(engine, PROMPT, sampler, traversal="crn", size=4, seed=seed)
             assert crn.full_token_ids == seq.full_token_ids
             assert [t.accepted for t in crn.transitions] == [t.accepted for t in seq.transitions]
             tightened += seq.stats.tighten_calls + crn.stats.tighten_calls

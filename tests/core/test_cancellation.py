@@ -81,7 +81,7 @@ async def test_a_chain_whose_request_never_answers_is_cancelled_at_once(traversa
     engine = HangingBaselineEngine() if traversal == "sample" else HangingEngine()
     config = SamplerConfig(block_size=8, steps_per_block=6)
     chain = asyncio.create_task(
-        run_chain(engine, [1, 2], config, traversal=traversal, n_pf=4, seed=3)
+        run_chain(engine, [1, 2], config, traversal=traversal, size=4, seed=3)
     )
     await asyncio.wait_for(engine.proposals_started.wait(), timeout=30)
     await asyncio.sleep(0.05)  # let a window or round fill up
@@ -128,8 +128,8 @@ async def test_the_failure_budget_stops_a_stream_chain_whose_head_never_answers(
     failing = FailingEngine(after=hanging.proposals_started)
     config = SamplerConfig(block_size=8, steps_per_block=6)
     specs = [
-        ChainSpec("hangs", "a", "hanging", "stream", config, 0, 0, 3, (1, 2), n_pf=4),
-        ChainSpec("fails", "a", "failing", "stream", config, 0, 1, 4, (1, 2), n_pf=4),
+        ChainSpec("hangs", "a", "hanging", "stream", config, 0, 0, 3, (1, 2), size=4),
+        ChainSpec("fails", "a", "failing", "stream", config, 0, 1, 4, (1, 2), size=4),
     ]
     orchestrator = Orchestrator(
         {"hanging": EnginePool("hanging", [hanging]), "failing": EnginePool("failing", [failing])},

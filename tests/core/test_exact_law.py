@@ -125,7 +125,7 @@ async def _final_states(
     finals = []
     for seed in range(chains):
         if runner_cls is None:
-            result = await run_chain(engine, PROMPT, config, traversal=traversal, n_pf=8, seed=seed)
+            result = await run_chain(engine, PROMPT, config, traversal=traversal, size=8, seed=seed)
         else:
             result = await runner_cls(engine, config, seed, None, traversal=traversal, n_pf=8).run(
                 PROMPT

@@ -121,7 +121,7 @@ async def test_a_new_traversal_and_baseline_run_as_arms_of_a_job(
     # the registry says one_by_one replays the sequential chain: the summary checks it
     assert arms["one_by_one"]["identical_to_baseline"] == 4
     assert "4/4" in format_summary_table(result.summary)
-    assert arms["one_by_one"]["n_pf"] is None and arms["half_temperature"]["n_pf"] is None
+    assert arms["one_by_one"]["size"] is None and arms["half_temperature"]["size"] is None
     assert arms["half_temperature"]["transitions"] == 0  # a baseline: no MH
 
 

@@ -67,13 +67,13 @@ def test_bad_registrations_are_refused() -> None:
 async def test_a_registered_sampler_and_rule_run_a_chain(extra: None) -> None:
     engine = ReferenceEngine(ReferenceModel(6))
     config = SamplerConfig(sampler="power_mh_again", block_size=4, steps_per_block=3)
-    again = await run_chain(engine, (1, 2), config, traversal="crn_again", n_pf=4, seed=3)
+    again = await run_chain(engine, (1, 2), config, traversal="crn_again", size=4, seed=3)
     base = await run_chain(
         engine,
         (1, 2),
         SamplerConfig(block_size=4, steps_per_block=3),
         traversal="crn",
-        n_pf=4,
+        size=4,
         seed=3,
     )
     assert again.token_ids == base.token_ids  # the same kernel and rule under other names

@@ -28,7 +28,7 @@ async def test_crn_replays_the_sequential_chain(sampler: str, top_k: int | None,
     sequential_engine = ReferenceEngine(model, top_k=top_k)
     presto_engine = ReferenceEngine(model, top_k=top_k)
     baseline = await run_chain(sequential_engine, [3, 1], config, traversal="sequential", seed=seed)
-    presto = await run_chain(presto_engine, [3, 1], config, traversal="crn", n_pf=8, seed=seed)
+    presto = await run_chain(presto_engine, [3, 1], config, traversal="crn", size=8, seed=seed)
 
     assert presto.full_token_ids == baseline.full_token_ids
     assert _decisions(presto) == _decisions(baseline)
@@ -56,7 +56,7 @@ async def test_certified_intervals_give_the_exact_chain() -> None:
 async def test_crn_with_one_prefetch_is_the_sequential_call_pattern() -> None:
     model = ReferenceModel(5, seed=1)
     config = SamplerConfig(block_size=6, steps_per_block=10)
-    result = await run_chain(ReferenceEngine(model), [0], config, traversal="crn", n_pf=1, seed=9)
+    result = await run_chain(ReferenceEngine(model), [0], config, traversal="crn", size=1, seed=9)
     assert result.stats.rounds == 10
     assert result.stats.requests_issued == result.stats.requests_used == 10
 

@@ -29,10 +29,10 @@ async def test_best_of_n_keeps_its_most_likely_sample() -> None:
     better = 0
     for seed in range(8):
         one = await run_chain(
-            ReferenceEngine(model), PROMPT, config, traversal="best_of_n", n_pf=1, seed=seed
+            ReferenceEngine(model), PROMPT, config, traversal="best_of_n", size=1, seed=seed
         )
         many = await run_chain(
-            ReferenceEngine(model), PROMPT, config, traversal="best_of_n", n_pf=8, seed=seed
+            ReferenceEngine(model), PROMPT, config, traversal="best_of_n", size=8, seed=seed
         )
         # Sample 0 is among the eight (draws are keyed by sample and block), so the best of
         # eight is at least as likely, per token, as sample 0 alone.
@@ -47,7 +47,7 @@ async def test_majority_vote_keeps_every_sample_and_stops_each_at_its_eos() -> N
     model = ReferenceModel(6, seed=3)
     config = SamplerConfig(block_size=4, num_blocks=4, eos_token_id=5)
     result = await run_chain(
-        ReferenceEngine(model), PROMPT, config, traversal="majority_vote", n_pf=6, seed=2
+        ReferenceEngine(model), PROMPT, config, traversal="majority_vote", size=6, seed=2
     )
     answers = [result.token_ids, *result.alternatives]
     assert len(answers) == 6
@@ -142,13 +142,13 @@ async def test_best_of_n_and_majority_vote_read_one_draw_with_the_answers_of_two
         alone = {}
         for arm in ("best_of_n", "majority_vote"):
             alone[arm] = await run_chain(
-                ReferenceEngine(model), PROMPT, config, traversal=arm, n_pf=5, seed=seed
+                ReferenceEngine(model), PROMPT, config, traversal=arm, size=5, seed=seed
             )
         engine = _CountingEngine(model)
         draws = SharedDraws()
         together = await asyncio.gather(
             *(
-                run_chain(engine, PROMPT, config, traversal=arm, n_pf=5, seed=seed, draws=draws)
+                run_chain(engine, PROMPT, config, traversal=arm, size=5, seed=seed, draws=draws)
                 for arm in ("majority_vote", "best_of_n")
             )
         )
@@ -170,16 +170,16 @@ async def test_a_failed_drawer_leaves_the_reader_to_draw_its_own() -> None:
     broken = _CountingEngine(model, fail=True)
     good = _CountingEngine(model)
     first = asyncio.ensure_future(
-        run_chain(broken, PROMPT, config, traversal="best_of_n", n_pf=3, seed=1, draws=draws)
+        run_chain(broken, PROMPT, config, traversal="best_of_n", size=3, seed=1, draws=draws)
     )
     await asyncio.sleep(0)  # the drawer holds the draw before the reader asks
     second = await run_chain(
-        good, PROMPT, config, traversal="majority_vote", n_pf=3, seed=1, draws=draws
+        good, PROMPT, config, traversal="majority_vote", size=3, seed=1, draws=draws
     )
     with pytest.raises(ConnectionError):
         await first
     alone = await run_chain(
-        ReferenceEngine(model), PROMPT, config, traversal="majority_vote", n_pf=3, seed=1
+        ReferenceEngine(model), PROMPT, config, traversal="majority_vote", size=3, seed=1
     )
     assert good.calls == 2 and not second.stats.shared_draw
     assert second.token_ids == alone.token_ids and second.alternatives == alone.alternatives
@@ -197,12 +197,12 @@ async def test_a_cancelled_reader_does_not_cancel_the_draw() -> None:
             return await super().generate(requests)
 
     drawer = asyncio.ensure_future(
-        run_chain(_SlowEngine(model), PROMPT, config, traversal="best_of_n", n_pf=3, draws=draws)
+        run_chain(_SlowEngine(model), PROMPT, config, traversal="best_of_n", size=3, draws=draws)
     )
     await asyncio.sleep(0)
     reader = asyncio.ensure_future(
         run_chain(
-            _SlowEngine(model), PROMPT, config, traversal="majority_vote", n_pf=3, draws=draws
+            _SlowEngine(model), PROMPT, config, traversal="majority_vote", size=3, draws=draws
         )
     )
     await asyncio.sleep(0)
@@ -224,7 +224,7 @@ async def test_unread_draws_are_pushed_out_after_keep_newer_ones() -> None:
             PROMPT,
             config,
             traversal="best_of_n",
-            n_pf=2,
+            size=2,
             seed=seed,
             draws=draws,
         )
@@ -236,9 +236,9 @@ async def test_power_smc_never_reads_a_shared_draw() -> None:
     config = SamplerConfig(block_size=4, num_blocks=2)
     draws = SharedDraws()
     await run_chain(
-        ReferenceEngine(model), PROMPT, config, traversal="best_of_n", n_pf=3, draws=draws
+        ReferenceEngine(model), PROMPT, config, traversal="best_of_n", size=3, draws=draws
     )
     smc = await run_chain(
-        ReferenceEngine(model), PROMPT, config, traversal="power_smc", n_pf=3, draws=draws
+        ReferenceEngine(model), PROMPT, config, traversal="power_smc", size=3, draws=draws
     )
     assert not smc.stats.shared_draw and len(draws._draws) == 1

@@ -18,7 +18,7 @@ async def test_statistics_agree_with_round_records(traversal: str, sampler: str)
     config = SamplerConfig(sampler=sampler, block_size=6, num_blocks=2, steps_per_block=12, k_try=3)
     engine = ReferenceEngine(ReferenceModel(6, seed=2), top_k=4)
     result = await run_chain(
-        engine, [1], config, traversal=traversal, n_pf=6, seed=3, on_round=records.append
+        engine, [1], config, traversal=traversal, size=6, seed=3, on_round=records.append
     )
     stats = result.stats
     proposes = [r for r in records if r.kind in ("propose", "stream")]

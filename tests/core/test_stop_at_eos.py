@@ -104,7 +104,7 @@ async def test_every_replaying_traversal_stops_where_the_sequential_chain_stops(
             assert baseline.stats.response_tokens == len(baseline.token_ids)
         for traversal, size in (("crn", 8), ("stream", 1), ("stream", 3), ("stream", None)):
             other = await run_chain(
-                ReferenceEngine(model), PROMPT, config, traversal=traversal, n_pf=size, seed=seed
+                ReferenceEngine(model), PROMPT, config, traversal=traversal, size=size, seed=seed
             )
             where = f"{traversal}/{size} seed {seed}"
             assert other.full_token_ids == full, where
@@ -212,7 +212,7 @@ async def _outcome_counts(
     counts = np.zeros(len(keys) + 1)  # the last cell: an outcome the law gives no mass
     engine = ReferenceEngine(model)
     for seed in range(chains):
-        result = await run_chain(engine, LAW_PROMPT, config, traversal=traversal, n_pf=4, seed=seed)
+        result = await run_chain(engine, LAW_PROMPT, config, traversal=traversal, size=4, seed=seed)
         counts[index.get(result.full_token_ids, len(keys))] += 1
     return counts
 

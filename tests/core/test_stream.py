@@ -120,7 +120,7 @@ async def test_stream_replays_the_sequential_chain(sampler: str, top_k: int | No
             [3, 1],
             config,
             traversal="stream",
-            n_pf=window,
+            size=window,
             seed=seed,
         )
         assert stream.full_token_ids == baseline.full_token_ids
@@ -146,7 +146,7 @@ async def test_stream_replays_when_streams_arrive_out_of_order_break_and_are_clo
             ReferenceEngine(model, top_k=4), [2], config, traversal="sequential", seed=seed
         )
         engine = JitteryEngine(ReferenceEngine(model, top_k=4), seed=seed, break_probability=0.15)
-        stream = await run_chain(engine, [2], config, traversal="stream", n_pf=6, seed=seed)
+        stream = await run_chain(engine, [2], config, traversal="stream", size=6, seed=seed)
         assert stream.full_token_ids == baseline.full_token_ids
         assert _walk(stream) == _walk(baseline)
         assert engine.open_streams == 0  # every stream finished or was closed
@@ -168,7 +168,7 @@ async def test_a_failed_stream_fails_the_chain_and_closes_the_others() -> None:
     draws = ChainRandomness(5).transition(0, 4)
     engine = JitteryEngine(ReferenceEngine(model), seed=1, fail_seed=draws.seeds[0])
     with pytest.raises(EngineRequestError, match="refused"):
-        await run_chain(engine, [2], config, traversal="stream", n_pf=6, seed=5)
+        await run_chain(engine, [2], config, traversal="stream", size=6, seed=5)
     assert engine.open_streams == 0
 
 
@@ -745,7 +745,7 @@ async def test_rounds_walk_results_as_they_arrive_and_cancel_what_they_left(
             ReferenceEngine(model), [2], config, traversal="sequential", seed=seed
         )
         engine = SlowEngine(model, seed=seed)
-        result = await run_chain(engine, [2], config, traversal=traversal, n_pf=8, seed=seed)
+        result = await run_chain(engine, [2], config, traversal=traversal, size=8, seed=seed)
         assert result.stats.transitions == 16 and result.stats.requests_used == 16
         if traversal == "crn":  # crn uses the transitions' own draws: the same chain
             assert result.full_token_ids == baseline.full_token_ids

@@ -169,7 +169,7 @@ async def _replays(
             extension_seeds=_extension_seeds(config, seed),
             break_probability=break_probability,
         )
-        stream = await run_chain(engine, [2], config, traversal="stream", n_pf=window, seed=seed)
+        stream = await run_chain(engine, [2], config, traversal="stream", size=window, seed=seed)
         same = same and (
             stream.full_token_ids == baseline.full_token_ids and _walk(stream) == _walk(baseline)
         )

@@ -30,7 +30,7 @@ async def test_a_tree_of_one_proposal_per_round_is_the_sequential_chain(
         ReferenceEngine(model), [3, 1], config, traversal="sequential", seed=seed
     )
     tree = await run_chain(
-        ReferenceEngine(model), [3, 1], config, traversal=traversal, n_pf=1, seed=seed
+        ReferenceEngine(model), [3, 1], config, traversal=traversal, size=1, seed=seed
     )
     assert tree.stats.requests_issued == tree.stats.requests_used == 24
     assert tree.full_token_ids == baseline.full_token_ids
@@ -48,7 +48,7 @@ async def test_a_tree_on_the_all_reject_path_follows_the_sequential_chain(traver
             ReferenceEngine(model), [3, 1], config, traversal="sequential", seed=seed
         )
         tree = await run_chain(
-            ReferenceEngine(model), [3, 1], config, traversal=traversal, n_pf=8, seed=seed
+            ReferenceEngine(model), [3, 1], config, traversal=traversal, size=8, seed=seed
         )
         common = 0
         for ours, theirs in zip(_decisions(tree), _decisions(baseline), strict=True):

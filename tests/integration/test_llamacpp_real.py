@@ -507,7 +507,7 @@ async def test_sequential_and_stream_chains_are_the_same(llamacpp_server: str) -
         seq = await run_chain(eng, prompt, sampler, traversal="sequential", seed=3)
         t1 = time.perf_counter()
         stream_answers = recording(eng)
-        stream = await run_chain(eng, prompt, sampler, traversal="stream", n_pf=8, seed=3)
+        stream = await run_chain(eng, prompt, sampler, traversal="stream", size=8, seed=3)
         t2 = time.perf_counter()
         differ = answered_differently(seq_answers, stream_answers)
         assert not differ, f"the server answered the same request differently: {differ}"

@@ -297,7 +297,7 @@ async def test_sampler_sequential_vs_crn(
     t0 = time.perf_counter()
     seq = await run_chain(eng, prompt, sampler, traversal="sequential", seed=3)
     t1 = time.perf_counter()
-    crn = await run_chain(eng, prompt, sampler, traversal="crn", n_pf=8, seed=3)
+    crn = await run_chain(eng, prompt, sampler, traversal="crn", size=8, seed=3)
     t2 = time.perf_counter()
     _same_chain(seq, crn)
     print(

@@ -174,7 +174,7 @@ async def test_baseline_arms_in_a_graded_job(tmp_path: Path) -> None:
         m = quality[f"ref/{t}"]["mcnemar"]
         assert m["baseline"] == "ref/sequential" and m["n_pairs"] == 8
     arms = {a["arm"]: a for a in result.summary["arms"]}
-    assert arms["ref/greedy"]["n_pf"] is None
+    assert arms["ref/greedy"]["size"] is None
     table = format_summary_table(result.summary)
     assert "ref/low_temperature" in table.split("Answer quality")[1]
 

@@ -282,7 +282,7 @@ async def test_a_stream_arm_runs_with_its_window_and_replays_the_baseline(tmp_pa
     by = {(s["traversal"], s["prompt_index"], s["chain_index"]): s for s in samples}
     for (t, p, c), s in by.items():
         if t == "stream":
-            assert s["n_pf"] == 3  # the window, not the round size
+            assert s["size"] == 3  # the window, not the round size
             assert s["token_ids"] == by[("sequential", p, c)]["token_ids"]
     arms = {a["arm"]: a for a in result.summary["arms"]}
     assert arms["ref/stream"]["identical_to_baseline"] == len(PROMPTS) * 2

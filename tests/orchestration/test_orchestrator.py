@@ -43,7 +43,7 @@ def specs(
                         chain_index=c,
                         seed=1000 * p + c,
                         prompt_ids=tuple(ids),
-                        n_pf=6,
+                        size=6,
                         replica_key=f"p{p}/c{c}",
                     )
                 )

@@ -238,7 +238,7 @@ async def test_the_predictive_chain_with_a_refit_predictor_keeps_the_exact_law()
     counts = np.zeros(model.vocab_size**config.response_length)
     for seed in range(1500):
         result = await run_chain(
-            engine, (0,), config, traversal="predictive", n_pf=8, seed=seed, predictor=skewed
+            engine, (0,), config, traversal="predictive", size=8, seed=seed, predictor=skewed
         )
         counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
     assert exact.chi_square_test(counts, law) > 1e-4

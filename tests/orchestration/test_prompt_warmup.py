@@ -49,7 +49,7 @@ def _specs(warm: bool) -> list[ChainSpec]:
             0,
             11 + p,
             (1, 2 + p),
-            n_pf=4,
+            size=4,
             replica_key=f"p{p}/c0",
             warm_prompt=warm,
         )

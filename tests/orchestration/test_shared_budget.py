@@ -30,7 +30,7 @@ CONFIG = SamplerConfig(block_size=8, steps_per_block=6)
 
 def _specs(n: int) -> list[ChainSpec]:
     return [
-        ChainSpec(f"c{i}", "ref/stream", "ref", "stream", CONFIG, 0, i, i, (1,), n_pf=4)
+        ChainSpec(f"c{i}", "ref/stream", "ref", "stream", CONFIG, 0, i, i, (1,), size=4)
         for i in range(n)
     ]
 

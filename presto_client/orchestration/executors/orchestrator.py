@@ -265,8 +265,8 @@ class ChainSpec:
     chain_index: int
     seed: int
     prompt_ids: tuple[int, ...]
-    n_pf: int | None = ROUND_SIZE
-    """The method's size parameter (round size or window); ``None`` for a method without one."""
+    size: int | None = ROUND_SIZE
+    """The method's size (its round size, window or samples); ``None`` for a method without one."""
     predictor: CertaintyPredictor | None = None
     """The predictive traversal's certainty predictor; ``None``: the paper's."""
     replica_key: str = ""
@@ -345,7 +345,7 @@ def replay_chain(
 
 
 RunChain = Callable[..., Awaitable[ChainResult]]
-"""``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, n_pf, seed, on_round,
+"""``run_chain``'s signature: (engine, prompt_ids, sampler, *, traversal, size, seed, on_round,
 predictor, budget, draws)."""
 
 
@@ -417,7 +417,7 @@ class ChainStep:
         sampler: SamplerConfig,
         *,
         traversal: str,
-        n_pf: int | None,
+        size: int | None,
         seed: int,
         on_round: Callable[[RoundRecord], None] | None = None,
         predictor: CertaintyPredictor | None = None,
@@ -428,7 +428,7 @@ class ChainStep:
             prompt_ids,
             sampler,
             traversal=traversal,
-            n_pf=n_pf,
+            size=size,
             seed=seed,
             on_round=on_round,
             predictor=predictor,
@@ -524,7 +524,7 @@ class Orchestrator:
                 spec.prompt_ids,
                 spec.sampler,
                 traversal=spec.traversal,
-                n_pf=spec.n_pf,
+                size=spec.size,
                 seed=spec.seed,
                 on_round=on_round,
                 predictor=spec.predictor,

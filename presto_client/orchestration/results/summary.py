@@ -215,7 +215,7 @@ def prefix_cache_delta(
 
 
 def _sizeless(traversal: str, baseline: str) -> bool:
-    """Whether an arm's method takes no size parameter (its ``n_pf`` means nothing)."""
+    """Whether an arm's method takes no size parameter (its ``size`` means nothing)."""
     method = METHODS.get(traversal)
     return traversal == baseline or (method is not None and method.size == "none")
 
@@ -312,7 +312,8 @@ def _arm_summary(
         "engine": engine,
         "sampler": first.get("sampler"),
         "traversal": traversal,
-        "n_pf": None if _sizeless(traversal, baseline) else first.get("n_pf"),
+        # (the chains of runs before the name was one: "n_pf" for every method's size)
+        "size": None if _sizeless(traversal, baseline) else first.get("size", first.get("n_pf")),
         "chains_ok": len(ok),
         "chains_failed": sum(1 for r in rows if r.get("status") != "ok"),
         **_work_figures(ok.values()),
