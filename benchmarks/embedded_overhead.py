@@ -160,6 +160,7 @@ def http_client(url: str, prompts: list[list[int]], T: int, tau: float, n: int) 
 def sequential_chain(url: str, prompts: list[list[int]], T: int, alpha: float, n: int) -> int:
     """Real PowerMH chains (block T, K = n transitions, one call at a time) on the server."""
     from presto_client.backends import EngineSpec, create_engine
+    from presto_client.core.chain_runner import ChainSetup
     from presto_client.core.sequential_runner import SequentialRunner
     from presto_client.core.settings import SamplerConfig
 
@@ -169,7 +170,7 @@ def sequential_chain(url: str, prompts: list[list[int]], T: int, alpha: float, n
         made = 0
         try:
             for pi, prompt in enumerate(prompts):
-                result = await SequentialRunner(engine, config, pi, None).run(prompt)
+                result = await SequentialRunner(ChainSetup(engine, config, pi)).run(prompt)
                 made += result.stats.tokens_generated
         finally:
             await engine.aclose()

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens
+from presto_client.core.chain_runner import ChainResult, ChainRunner, ChainSetup
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens
 from presto_client.core.settings import SamplerConfig
 from presto_client.core.state import ChainState
 
@@ -49,16 +49,8 @@ def baseline_temperature(traversal: str, sampler: SamplerConfig) -> float:
 class BaselineRunner(ChainRunner):
     """One plain sample (or the greedy path) of the whole response in one engine call."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        sampler: SamplerConfig,
-        seed: int,
-        on_round: RoundCallback | None,
-        *,
-        temperature: float,
-    ) -> None:
-        super().__init__(engine, sampler, seed, on_round)
+    def __init__(self, setup: ChainSetup, *, temperature: float) -> None:
+        super().__init__(setup)
         self.temperature = temperature
 
     async def run(self, prompt_ids: Sequence[int]) -> ChainResult:

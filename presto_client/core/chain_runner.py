@@ -11,14 +11,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.kernels import Kernel, Verdict, make_kernel
+from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.rng import ChainRandomness, TransitionDraws
 from presto_client.core.settings import SamplerConfig
+from presto_client.core.shared_draws import SharedDraws
+from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stats import ChainStats, RoundKind, RoundRecord, TransitionRecord
 from presto_client.errors import InvalidResponseError
@@ -71,6 +74,26 @@ class ChainResult:
     a graded job grades too and scores by their majority); empty for every other method."""
 
 
+@dataclass(frozen=True, slots=True)
+class ChainSetup:
+    """What every runner is made from: one chain on one engine (a method's own options, such as
+    a baseline's temperature, are its runner's keywords)."""
+
+    engine: Engine
+    sampler: SamplerConfig
+    seed: int = 0
+    on_round: RoundCallback | None = None
+    size: int | None = None
+    """The method's size: a round method's ``n_pf``, ``stream``'s window (``None``: the
+    budget sizes it), a sample baseline's ``N``; ``None`` for a method without one."""
+    budget: SpeculationBudget = field(default_factory=SpeculationBudget.unmeasured)
+    """The speculation budget of the chain's engine, shared by the chains on it (the default:
+    one of this chain's own, unmeasured; ``run_chain`` hands one sized for the engine)."""
+    predictor: CertaintyPredictor | None = None
+    draws: SharedDraws | None = None
+    """The sample draws of the chain's engine that arms reading the same samples share."""
+
+
 class ChainRunner:
     """What every runner shares: the chain's engine, kernel, draws, statistics and records.
 
@@ -78,24 +101,20 @@ class ChainRunner:
     transitions from a state), :meth:`_run_block` (a block's extension and transitions
     together), or :meth:`run` itself (a baseline without MH)."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        sampler: SamplerConfig,
-        seed: int,
-        on_round: RoundCallback | None,
-    ) -> None:
-        self.engine = engine
-        self.config = sampler
+    def __init__(self, setup: ChainSetup) -> None:
+        self.setup = setup
+        self.engine = setup.engine
+        self.config = sampler = setup.sampler
         self.kernel: Kernel = make_kernel(sampler)
         self.randomness = ChainRandomness(
-            seed,
+            setup.seed,
             k_try=self.kernel.sequences_per_proposal,
             num_temperatures=len(sampler.temperatures),
         )
+        self.budget = setup.budget
         self.stats = ChainStats()
         self.transitions: list[TransitionRecord] = []
-        self._on_round = on_round
+        self._on_round = setup.on_round
         self._round_index = 0
 
     def _emit(

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from presto_client.core.baseline_runners import BASELINE_TEMPERATURES, BaselineRunner, Temperature
-from presto_client.core.chain_runner import ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine
-from presto_client.core.predictor import CertaintyPredictor
+from presto_client.core.chain_runner import ChainRunner, ChainSetup
 from presto_client.core.presto_runner import PrestoRunner
 from presto_client.core.sample_baselines import (
     DEFAULT_SAMPLES,
@@ -27,11 +25,9 @@ from presto_client.core.sample_baselines import (
     MajorityVoteRunner,
     PowerSMCRunner,
     SampleSetRunner,
-    SharedDraws,
 )
 from presto_client.core.sequential_runner import SequentialRunner
-from presto_client.core.settings import ROUND_SIZE, WINDOW, SamplerConfig
-from presto_client.core.speculation import SpeculationBudget
+from presto_client.core.settings import ROUND_SIZE, WINDOW
 from presto_client.core.stream.walk import StreamRunner
 from presto_client.core.tree import TRAVERSAL_RULES, PlanRule
 
@@ -44,24 +40,6 @@ DEFAULT_SIZES: dict[SizeParameter, int | None] = {
     "samples": DEFAULT_SAMPLES,
     "none": None,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ChainSetup:
-    """What a method's runner is made from: one chain on one engine."""
-
-    engine: Engine
-    sampler: SamplerConfig
-    seed: int
-    on_round: RoundCallback | None
-    size: int | None
-    """The method's size parameter (``N_pf`` or ``W``); ``None`` for a method without one, and
-    for ``stream`` without a cap (the engine's budget sizes its window)."""
-    budget: SpeculationBudget
-    """The speculation budget of the chain's engine, shared by the chains on it."""
-    predictor: CertaintyPredictor | None = None
-    draws: SharedDraws | None = None
-    """The sample draws of the chain's engine that arms reading the same samples share."""
 
 
 RunnerFactory = Callable[[ChainSetup], ChainRunner]
@@ -129,18 +107,7 @@ def round_method(
         raise ValueError(f"traversal {name!r}: {rule!r} is not callable")
 
     def make(setup: ChainSetup) -> ChainRunner:
-        assert setup.size is not None
-        return PrestoRunner(
-            setup.engine,
-            setup.sampler,
-            setup.seed,
-            setup.on_round,
-            traversal=name,
-            n_pf=setup.size,
-            rule=rule,
-            predictor=setup.predictor,
-            budget=setup.budget,
-        )
+        return PrestoRunner(setup, traversal=name, rule=rule)
 
     return Method(name, "mh", make, "round", replays, description)
 
@@ -156,13 +123,7 @@ def baseline_method(name: str, temperature: Temperature, description: str = "") 
     """A baseline arm: one plain sample of the whole response at ``temperature(sampler)``."""
 
     def make(setup: ChainSetup) -> ChainRunner:
-        return BaselineRunner(
-            setup.engine,
-            setup.sampler,
-            setup.seed,
-            setup.on_round,
-            temperature=temperature(setup.sampler),
-        )
+        return BaselineRunner(setup, temperature=temperature(setup.sampler))
 
     return Method(name, "baseline", make, "none", False, description)
 
@@ -202,28 +163,11 @@ def replaying_names() -> tuple[str, ...]:
     return tuple(n for n, m in METHODS.items() if m.replays)
 
 
-def _sequential(setup: ChainSetup) -> ChainRunner:
-    return SequentialRunner(
-        setup.engine, setup.sampler, setup.seed, setup.on_round, budget=setup.budget
-    )
-
-
-def _stream(setup: ChainSetup) -> ChainRunner:
-    return StreamRunner(
-        setup.engine,
-        setup.sampler,
-        setup.seed,
-        setup.on_round,
-        window=setup.size,
-        budget=setup.budget,
-    )
-
-
 SEQUENTIAL = "sequential"
 """The method every other is measured against (speedups, identity, equivalence)."""
 
 register_method(
-    Method(SEQUENTIAL, "mh", _sequential, "none", True, "one engine call per transition")
+    Method(SEQUENTIAL, "mh", SequentialRunner, "none", True, "one engine call per transition")
 )
 for _name, _rule in TRAVERSAL_RULES.items():
     register_traversal(_name, _rule, replays=_name == "crn")
@@ -231,7 +175,7 @@ register_method(
     Method(
         "stream",
         "mh",
-        _stream,
+        StreamRunner,
         "window",
         True,
         "a window of in-flight proposals, walked as their tokens arrive",
@@ -244,17 +188,7 @@ for _name, _temperature in BASELINE_TEMPERATURES.items():
 def sample_set_method(name: str, runner: type[SampleSetRunner], description: str) -> Method:
     """A baseline arm of ``N`` samples (``N``: the job's ``samples``)."""
 
-    def make(setup: ChainSetup) -> ChainRunner:
-        return runner(
-            setup.engine,
-            setup.sampler,
-            setup.seed,
-            setup.on_round,
-            samples=setup.size,
-            draws=setup.draws,
-        )
-
-    return Method(name, "baseline", make, "samples", False, description)
+    return Method(name, "baseline", runner, "samples", False, description)
 
 
 for _name, _runner, _description in (

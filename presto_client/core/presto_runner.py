@@ -13,11 +13,9 @@ import itertools
 import logging
 import time
 
-from presto_client.core.chain_runner import ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ScoredTokens
-from presto_client.core.predictor import CertaintyPredictor
-from presto_client.core.settings import SamplerConfig
-from presto_client.core.speculation import SpeculationBudget
+from presto_client.core.chain_runner import ChainRunner, ChainSetup
+from presto_client.core.engine_protocol import ScoredTokens
+from presto_client.core.settings import ROUND_SIZE
 from presto_client.core.state import ChainState
 from presto_client.core.tree import (
     TRAVERSAL_RULES,
@@ -33,22 +31,11 @@ logger = logging.getLogger(__name__)
 class PrestoRunner(ChainRunner):
     """PreSTO: one batched call per round, then a walk along the realised path."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        sampler: SamplerConfig,
-        seed: int,
-        on_round: RoundCallback | None,
-        *,
-        traversal: str,
-        n_pf: int,
-        rule: PlanRule | None = None,
-        predictor: CertaintyPredictor | None = None,
-        budget: SpeculationBudget | None = None,
-    ) -> None:
+    def __init__(self, setup: ChainSetup, *, traversal: str, rule: PlanRule | None = None) -> None:
         """``rule`` plans each round (default: the built-in rule named ``traversal``); the
-        name keys the round-value statistics of the budget."""
-        super().__init__(engine, sampler, seed, on_round)
+        name keys the round-value statistics of the budget. ``setup.size``: ``n_pf``, the most
+        proposals a round (default :data:`ROUND_SIZE`)."""
+        super().__init__(setup)
         if rule is None:
             if traversal not in TRAVERSAL_RULES:
                 raise ValueError(
@@ -56,13 +43,13 @@ class PrestoRunner(ChainRunner):
                     f"{sorted(TRAVERSAL_RULES)} (pass rule= for another)"
                 )
             rule = TRAVERSAL_RULES[traversal]
+        n_pf = ROUND_SIZE if setup.size is None else setup.size
         if n_pf < 1:
             raise ValueError("n_pf must be >= 1")
         self.rule = rule
         self.traversal = traversal
         self.n_pf = n_pf
-        self.predictor = predictor
-        self.budget = budget if budget is not None else SpeculationBudget.unmeasured()
+        self.predictor = setup.predictor
         self._cancelled: list[asyncio.Future[list[ScoredTokens]]] = []
 
     def _round_size(self) -> int:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
+from presto_client.core.chain_runner import ChainResult, ChainRunner, ChainSetup, RoundCallback
 from presto_client.core.engine_protocol import Engine
-from presto_client.core.methods import ChainSetup, get_method
+from presto_client.core.methods import get_method
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.presto_runner import PrestoRunner
-from presto_client.core.sample_baselines import SharedDraws
 from presto_client.core.sequential_runner import SequentialRunner
 from presto_client.core.settings import SamplerConfig
+from presto_client.core.shared_draws import SharedDraws
 from presto_client.core.speculation import SpeculationBudget
 
 __all__ = [

@@ -25,18 +25,15 @@ them (``stats.shared_draw``), and each answers from them by its own rule.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from presto_client.core.chain_runner import ChainResult, ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ProposalRequest, ScoredTokens, ScoreSpec
-from presto_client.core.settings import SamplerConfig
+from presto_client.core.chain_runner import ChainResult, ChainRunner, ChainSetup
+from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreSpec
 from presto_client.core.state import ChainState
 from presto_client.core.stats import ChainStats
 
@@ -58,41 +55,6 @@ class _Draw:
     """The drawing runner's statistics when its samples were complete (calls, tokens, blocks)."""
 
 
-class SharedDraws:
-    """The sample draws of one engine's arms that read the same samples (``best_of_n`` and
-    ``majority_vote`` for one prompt and seed): the first arm to ask draws, the second reads
-    the draw and drops it. A cache only: a draw that nobody reads is pushed out after ``keep``
-    newer ones (the plan runs the two arms of a chain next to each other), and an arm that
-    finds none, or whose drawer failed, draws its own, which is the same draw. The answers
-    never depend on it; the compute does."""
-
-    def __init__(self, keep: int = 64) -> None:
-        self.keep = keep
-        self._draws: OrderedDict[Hashable, asyncio.Future[_Draw | None]] = OrderedDict()
-
-    async def draw(self, key: Hashable, make: Callable[[], Awaitable[_Draw]]) -> tuple[_Draw, bool]:
-        """The draw of ``key`` and whether another arm paid for it."""
-        pending = self._draws.pop(key, None)
-        if pending is not None:
-            # shielded: a reader cancelled while it waits must not cancel the drawer's future
-            drawn = await asyncio.shield(pending)
-            if drawn is not None:
-                return drawn, True
-        future: asyncio.Future[_Draw | None] = asyncio.get_running_loop().create_future()
-        self._draws[key] = future
-        while len(self._draws) > self.keep:
-            self._draws.popitem(last=False)
-        try:
-            drawn = await make()
-        except BaseException:
-            future.set_result(None)  # (a reader waiting on it draws its own)
-            if self._draws.get(key) is future:
-                del self._draws[key]
-            raise
-        future.set_result(drawn)
-        return drawn, False
-
-
 class SampleSetRunner(ChainRunner):
     """``N`` samples of a prompt generated together, block by block (one engine call a block
     for the samples still running). Subclasses choose the temperature, weigh and resample
@@ -106,22 +68,13 @@ class SampleSetRunner(ChainRunner):
     """Whether the samples are plain base-model samples that another arm of the job may have
     drawn already (:class:`SharedDraws`): not for an arm that weighs or resamples as it goes."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        sampler: SamplerConfig,
-        seed: int,
-        on_round: RoundCallback | None,
-        *,
-        samples: int | None = None,
-        draws: SharedDraws | None = None,
-    ) -> None:
-        super().__init__(engine, sampler, seed, on_round)
-        self.draws = draws if self.reads_shared_draw else None
-        self.samples = DEFAULT_SAMPLES if samples is None else samples
+    def __init__(self, setup: ChainSetup) -> None:
+        super().__init__(setup)
+        self.draws = setup.draws if self.reads_shared_draw else None
+        self.samples = DEFAULT_SAMPLES if setup.size is None else setup.size
         if self.samples < 1:
             raise ValueError(f"a sampling baseline needs at least one sample, got {self.samples}")
-        self.temperature = sampler.proposal_temperature if self.temperature_is_tau else 1.0
+        self.temperature = self.config.proposal_temperature if self.temperature_is_tau else 1.0
         self.spec = ScoreSpec((self.temperature,))
 
     def _seed(self, sample: int, block: int) -> int:

@@ -3,10 +3,7 @@ every PreSTO traversal is measured against, and the chain ``crn`` and ``stream``
 
 from __future__ import annotations
 
-from presto_client.core.chain_runner import ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine
-from presto_client.core.settings import SamplerConfig
-from presto_client.core.speculation import SpeculationBudget
+from presto_client.core.chain_runner import ChainRunner
 from presto_client.core.state import ChainState
 
 
@@ -18,32 +15,17 @@ class SequentialRunner(ChainRunner):
     cost curve that PreSTO chains on the same engine size their speculation from.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        sampler: SamplerConfig,
-        seed: int,
-        on_round: RoundCallback | None,
-        *,
-        budget: SpeculationBudget | None = None,
-    ) -> None:
-        super().__init__(engine, sampler, seed, on_round)
-        self.budget = budget
-
     async def _advance(self, state: ChainState, block: int, k: int) -> tuple[ChainState, int]:
         draws = self.randomness.transition(block, k)
         cut = self.kernel.cut(state, draws.u_cut)
         requests = self.kernel.requests(state.prefix(cut), state.length - cut, draws)
-        if self.budget is None:
+        in_flight = self.budget.in_flight + len(requests)
+        self.budget.add_head(len(requests))
+        try:
             proposals, wall = await self._generate(requests)
-        else:
-            in_flight = self.budget.in_flight + len(requests)
-            self.budget.add_head(len(requests))
-            try:
-                proposals, wall = await self._generate(requests)
-            finally:
-                self.budget.remove_head(len(requests))
-            self.budget.observe(requests[0].num_tokens, wall, in_flight)
+        finally:
+            self.budget.remove_head(len(requests))
+        self.budget.observe(requests[0].num_tokens, wall, in_flight)
         tokens = sum(len(p) for p in proposals)
         self.stats.rounds += 1
         self.stats.call_wall_s.append(wall)

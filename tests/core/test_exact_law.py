@@ -28,6 +28,7 @@ import math
 import numpy as np
 import pytest
 
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.kernels import EntropyCut, MultiTryMH, PowerMH
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import PrestoRunner, run_chain
@@ -127,9 +128,9 @@ async def _final_states(
         if runner_cls is None:
             result = await run_chain(engine, PROMPT, config, traversal=traversal, size=8, seed=seed)
         else:
-            result = await runner_cls(engine, config, seed, None, traversal=traversal, n_pf=8).run(
-                PROMPT
-            )
+            result = await runner_cls(
+                ChainSetup(engine, config, seed, size=8), traversal=traversal
+            ).run(PROMPT)
         finals.append(tuple(result.full_token_ids))
     return finals
 
@@ -284,7 +285,7 @@ async def test_both_tests_reject_a_stream_that_keeps_stale_proposals() -> None:
     finals = []
     off = 0
     for seed in range(REPLAY_CHAINS):
-        runner = _StaleStreamProposals(engine, config, seed, None, window=8)
+        runner = _StaleStreamProposals(ChainSetup(engine, config, seed, size=8))
         try:
             result = await runner.run(PROMPT)
         except ValueError:  # a stale suffix may not even fit the state it is spliced into

@@ -17,7 +17,6 @@ import pytest
 from presto_client.core.chain_runner import ChainRunner
 from presto_client.core.kernels import PowerMH, Setting, register_sampler, unregister_sampler
 from presto_client.core.methods import (
-    ChainSetup,
     Method,
     baseline_method,
     register_method,
@@ -63,10 +62,6 @@ class OneByOneRunner(ChainRunner):
         return state, 1
 
 
-def one_by_one(setup: ChainSetup) -> ChainRunner:
-    return OneByOneRunner(setup.engine, setup.sampler, setup.seed, setup.on_round)
-
-
 class GammaMH(PowerMH):
     """PowerMH towards ``p0^(α·γ)``: a sampler with a setting of its own, ``gamma``."""
 
@@ -90,7 +85,7 @@ def _positive(value: float) -> float:
 
 @pytest.fixture
 def extensions() -> Iterator[None]:
-    register_method(Method("one_by_one", "mh", one_by_one, "none", replays=True))
+    register_method(Method("one_by_one", "mh", OneByOneRunner, "none", replays=True))
     register_method(baseline_method("half_temperature", lambda sampler: 0.5))
     register_sampler("gamma_mh", GammaMH)
     yield

@@ -14,10 +14,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import run_chain
-from presto_client.core.sample_baselines import PowerSMCRunner, SharedDraws
+from presto_client.core.sample_baselines import PowerSMCRunner
 from presto_client.core.sampler_config import SamplerConfig
+from presto_client.core.shared_draws import SharedDraws
 from tests.support import exact_law as exact
 
 PROMPT = (0,)
@@ -66,7 +68,7 @@ async def _answer_counts(
     counts = np.zeros(model.vocab_size**config.response_length)
     engine = ReferenceEngine(model)
     for seed in range(chains):
-        result = await runner(engine, config, seed, None, samples=particles).run(PROMPT)
+        result = await runner(ChainSetup(engine, config, seed, size=particles)).run(PROMPT)
         counts[exact.state_index(result.full_token_ids, model.vocab_size)] += 1
     return counts
 
@@ -104,7 +106,7 @@ async def test_power_smc_resamples_only_below_its_threshold() -> None:
     seen = {}
     for threshold in (1e-9, 1.0):
         config = replace(SMC_CONFIG, smc_ess_threshold=threshold, num_blocks=3)
-        runner = PowerSMCRunner(engine, config, 4, None, samples=16)
+        runner = PowerSMCRunner(ChainSetup(engine, config, 4, size=16))
         resampled = []
         original = runner._after_block
 

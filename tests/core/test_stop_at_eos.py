@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import TRAVERSALS, SamplerConfig, replaying_names
@@ -49,8 +50,8 @@ def _walk(result: ChainResult) -> list[tuple[int, int, int, bool, int]]:
 class _WatchedSequential(SequentialRunner):
     """The sequential chain, noting how EOS entered or left its state (the scenarios)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, setup: ChainSetup) -> None:
+        super().__init__(setup)
         self.events: set[str] = set()
 
     def _has_eos(self, state: ChainState) -> bool:
@@ -75,7 +76,7 @@ class _WatchedSequential(SequentialRunner):
 async def _sequential(
     model: ReferenceModel, config: SamplerConfig, seed: int
 ) -> tuple[ChainResult, set[str]]:
-    runner = _WatchedSequential(ReferenceEngine(model), config, seed, None)
+    runner = _WatchedSequential(ChainSetup(ReferenceEngine(model), config, seed))
     result = await runner.run(PROMPT)
     return result, runner.events
 
@@ -162,7 +163,9 @@ async def test_a_stream_that_keeps_a_speculated_next_block_after_a_stop_is_caugh
     caught = 0
     for seed in range(10):
         baseline, _ = await _sequential(model, config, seed)
-        wrong = await _KeepsTheNextBlock(ReferenceEngine(model), config, seed, None).run(PROMPT)
+        wrong = await _KeepsTheNextBlock(ChainSetup(ReferenceEngine(model), config, seed)).run(
+            PROMPT
+        )
         caught += wrong.full_token_ids != baseline.full_token_ids
     assert caught > 0
 
@@ -270,6 +273,6 @@ async def test_the_law_test_catches_a_stop_read_at_the_wrong_time() -> None:
     counts = np.zeros(len(keys) + 1)
     engine = ReferenceEngine(model)
     for seed in range(800):
-        result = await _StopsBeforeTheTransitions(engine, config, seed, None).run(LAW_PROMPT)
+        result = await _StopsBeforeTheTransitions(ChainSetup(engine, config, seed)).run(LAW_PROMPT)
         counts[index.get(result.full_token_ids, len(keys))] += 1
     assert exact.chi_square_test(counts, probs) < 1e-4

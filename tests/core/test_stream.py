@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.kernels import Kernel, RejectionBound, _SuffixBound, make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
@@ -539,7 +540,9 @@ async def test_a_stream_chain_measures_an_engine_that_does_not_stream() -> None:
     config = SamplerConfig(block_size=8, steps_per_block=12)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=2)
     budget = SpeculationBudget(None)
-    runner = StreamRunner(_WholeProposals(ReferenceEngine(model)), config, 2, None, budget=budget)
+    runner = StreamRunner(
+        ChainSetup(_WholeProposals(ReferenceEngine(model)), config, 2, budget=budget)
+    )
     result = await runner.run([1])
     assert result.full_token_ids == baseline.full_token_ids
     assert budget._fit.count >= 12  # every transition's proposal at least
@@ -551,7 +554,7 @@ async def test_a_spent_budget_makes_the_stream_chain_sequential() -> None:
     engine = ReferenceEngine(model)
     baseline = await run_chain(engine, [1], config, traversal="sequential", seed=2)
     runner = StreamRunner(
-        engine, config, 2, None, window=8, budget=SpeculationBudget(1, adaptive=False)
+        ChainSetup(engine, config, 2, size=8, budget=SpeculationBudget(1, adaptive=False))
     )
     result = await runner.run([1])
     assert result.full_token_ids == baseline.full_token_ids
@@ -569,11 +572,12 @@ async def test_the_walks_waits_are_told_apart_by_their_cause(sampler: str) -> No
     rewrites = 0.0
     for seed in range(3):
         spent = await StreamRunner(
-            JitteryEngine(ReferenceEngine(model), seed=seed),
-            config,
-            seed,
-            None,
-            budget=SpeculationBudget(1, adaptive=False),
+            ChainSetup(
+                JitteryEngine(ReferenceEngine(model), seed=seed),
+                config,
+                seed,
+                budget=SpeculationBudget(1, adaptive=False),
+            )
         ).run([1])
         s = spent.stats
         assert s.budget_refusals > 0 and s.requests_issued == 16
@@ -583,11 +587,12 @@ async def test_the_walks_waits_are_told_apart_by_their_cause(sampler: str) -> No
         # too unlikely to be used to be put to it at all.
         assert math.isclose(s.budget_wait_s + s.floor_wait_s, sum(s.call_wall_s))
         free = await StreamRunner(
-            JitteryEngine(ReferenceEngine(model), seed=seed),
-            config,
-            seed,
-            None,
-            budget=SpeculationBudget(None, adaptive=False),
+            ChainSetup(
+                JitteryEngine(ReferenceEngine(model), seed=seed),
+                config,
+                seed,
+                budget=SpeculationBudget(None, adaptive=False),
+            )
         ).run([1])
         f = free.stats
         assert f.budget_refusals == 0 and f.budget_wait_s == 0.0
@@ -662,15 +667,10 @@ async def test_a_steep_engine_shrinks_predictive_rounds_to_the_sequential_chain(
     config = SamplerConfig(block_size=8, steps_per_block=12)
     engine = ReferenceEngine(model)
     baseline = await run_chain(engine, [1], config, traversal="sequential", seed=2)
-    free = PrestoRunner(engine, config, 2, None, traversal="predictive", n_pf=8)
+    free = PrestoRunner(ChainSetup(engine, config, 2, size=8), traversal="predictive")
     steep = PrestoRunner(
-        engine,
-        config,
-        2,
-        None,
+        ChainSetup(engine, config, 2, size=8, budget=_fitted_budget(0.001, 0.01)),
         traversal="predictive",
-        n_pf=8,
-        budget=_fitted_budget(0.001, 0.01),
     )
     unbounded = await free.run([1])
     sized = await steep.run([1])
@@ -700,7 +700,7 @@ async def test_predictive_rounds_are_sized_with_their_proposals_lengths() -> Non
 
     budget.best_size = recording  # type: ignore[method-assign]
     runner = PrestoRunner(
-        ReferenceEngine(model), config, 2, None, traversal="predictive", n_pf=8, budget=budget
+        ChainSetup(ReferenceEngine(model), config, 2, size=8, budget=budget), traversal="predictive"
     )
     result = await runner.run([1])
     assert seen and all(lengths and min(lengths) >= 1 and max(lengths) <= 8 for lengths in seen)
@@ -778,7 +778,7 @@ async def test_a_proposal_the_walk_refuses_gives_its_slots_back(
         return real(self, proposal)  # type: ignore[arg-type]
 
     monkeypatch.setattr(StreamRunner, "propose", refuse_the_third)
-    runner = StreamRunner(ReferenceEngine(model), config, 2, None, budget=budget)
+    runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 2, budget=budget))
     with pytest.raises(StreamRuleError, match="refused"):
         await runner.run([1])
     assert calls >= 3

@@ -16,6 +16,7 @@ import math
 import pytest
 
 from presto_client.core import chain_runner
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.runners import ChainResult, run_chain
 from presto_client.core.sampler_config import SamplerConfig
@@ -45,7 +46,7 @@ async def _replays(sampler: str, seeds: range, tidy: bool = True) -> tuple[bool,
         baseline = await run_chain(
             ReferenceEngine(model), [2], config, traversal="sequential", seed=seed
         )
-        runner = StreamRunner(ReferenceEngine(model), config, seed, None, next_block=True)
+        runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, seed), next_block=True)
         stream: ChainResult = await runner.run([2])
         same = same and (
             stream.full_token_ids == baseline.full_token_ids
@@ -76,13 +77,16 @@ async def test_next_block_proposals_replay_the_sequential_chain(sampler: str) ->
 
 def test_by_default_only_a_cut_law_of_the_length_alone_speculates_the_next_block() -> None:
     model = ReferenceModel(10, seed=3)
-    on = {s: StreamRunner(ReferenceEngine(model), _config(s), 0, None).next_block for s in SAMPLERS}
+    on = {
+        s: StreamRunner(ChainSetup(ReferenceEngine(model), _config(s), 0)).next_block
+        for s in SAMPLERS
+    }
     assert on == {"power_mh": True, "entropy_cut": False, "multi_try_mh": True}
 
 
 async def test_a_cap_of_one_speculates_nothing_for_the_next_block() -> None:
     model = ReferenceModel(10, seed=3)
-    runner = StreamRunner(ReferenceEngine(model), _config("power_mh"), 1, None, window=1)
+    runner = StreamRunner(ChainSetup(ReferenceEngine(model), _config("power_mh"), 1, size=1))
     await runner.run([2])
     assert runner.ahead_issued == 0
 

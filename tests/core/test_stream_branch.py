@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from presto_client.core import chain_runner
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
 from presto_client.core.rng import ChainRandomness
@@ -79,11 +80,7 @@ async def _replays(
             break_probability=break_probability,
         )
         runner = StreamRunner(
-            engine,
-            config,
-            seed,
-            None,
-            window=window,
+            ChainSetup(engine, config, seed, size=window),
             overlap=overlap,
             accept_branch=accept_branch,
         )
@@ -295,6 +292,8 @@ def test_the_accept_branch_is_on_by_default_unless_the_cut_law_depends_on_the_st
 ) -> None:
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(sampler=sampler, block_size=10)
-    runner = StreamRunner(ReferenceEngine(model), config, 0, None)
+    runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 0))
     assert runner.accept_branch == (sampler != "entropy_cut")
-    assert StreamRunner(ReferenceEngine(model), config, 0, None, accept_branch=True).accept_branch
+    assert StreamRunner(
+        ChainSetup(ReferenceEngine(model), config, 0), accept_branch=True
+    ).accept_branch

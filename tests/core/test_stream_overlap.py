@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from presto_client.core import chain_runner
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.engine_protocol import ProposalRequest, ScoredTokens, ScoreRequest
 from presto_client.core.kernels import make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
@@ -329,11 +330,11 @@ async def test_without_a_cap_the_window_reaches_every_remaining_transition(
     config = SamplerConfig(block_size=40, steps_per_block=30)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
     engine = _Counting(model)
-    result = await StreamRunner(engine, config, 1, None, window=None).run([1])
+    result = await StreamRunner(ChainSetup(engine, config, 1, size=None)).run([1])
     assert result.full_token_ids == baseline.full_token_ids
     assert engine.peak > 20  # far past the old default cap of 16, towards K = 30
     capped = _Counting(model)
-    await StreamRunner(capped, config, 1, None, window=5).run([1])
+    await StreamRunner(ChainSetup(capped, config, 1, size=5)).run([1])
     assert capped.peak <= 5 + 1  # the cap (and the extension while it streams)
 
 
@@ -366,7 +367,7 @@ async def test_a_steep_engine_cost_pulls_the_window_back() -> None:
 
         budget.worth_past_the_tolerance = recording  # type: ignore[method-assign]
         engine = _Counting(model)
-        runner = StreamRunner(engine, config, seed, None, window=None, budget=budget)
+        runner = StreamRunner(ChainSetup(engine, config, seed, size=None, budget=budget))
         result = await runner.run([1])
         assert result.full_token_ids == baseline.full_token_ids
         return past, budget.peak_speculative
@@ -396,7 +397,7 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     its prefix) goes out, one with many earlier smaller cuts waits until the walk is nearer."""
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
-    runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
+    runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 1, size=None))
     rate = runner.policy.accept_rate()  # the prior, 0.3
     assert runner.policy.survival([(5, rate), (30, rate), (30, rate)], 10) == pytest.approx(0.7)
     many = [(c, rate) for c in range(1, 10)]  # nine earlier smaller cuts: 0.7^9 = 0.04
@@ -406,7 +407,7 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     assert runner.policy.survival([(5, 0.0), (7, 1.0)], 10) == 0.0  # a known accept rewrites it
     engine = _Counting(model)
     baseline = await run_chain(ReferenceEngine(model), [1], config, traversal="sequential", seed=1)
-    result = await StreamRunner(engine, config, 1, None, window=None).run([1])
+    result = await StreamRunner(ChainSetup(engine, config, 1, size=None)).run([1])
     assert result.full_token_ids == baseline.full_token_ids
     assert 1 < engine.peak < 30
 
@@ -419,7 +420,7 @@ async def test_a_complete_proposal_threatens_later_ones_by_its_decision(sampler:
     chain's acceptance rate."""
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(sampler=sampler, block_size=24, steps_per_block=40)
-    runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
+    runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 1, size=None))
     kernel = runner.kernel
     (response,) = await runner.engine.generate([kernel.extension_request((2,), 5)])
     state = ChainState((2,), response)
@@ -465,7 +466,7 @@ async def test_on_a_compute_bound_engine_only_proposals_likely_used_go_out() -> 
         budget.tolerance = 1e6
         model = ReferenceModel(10, seed=3)
         config = SamplerConfig(block_size=40, steps_per_block=30)
-        runner = StreamRunner(ReferenceEngine(model), config, 1, None, budget=budget)
+        runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 1, budget=budget))
         floor = runner.policy.survival_floor(1)  # as the refill sees it: the head alone in flight
         runner._enter_block(0)
         runner._refill(state, 0)
@@ -520,7 +521,7 @@ async def test_a_transition_whose_prefix_is_not_in_keeps_its_slots(
         # there (the run's own timings would move the fit)
         budget = _fitted(0.01, 0.01 / 12.5)
         monkeypatch.setattr(budget, "observe", lambda *args: None)
-        runner = StreamRunner(_Counting(model), config, seed, None, window=None, budget=budget)
+        runner = StreamRunner(ChainSetup(_Counting(model), config, seed, size=None, budget=budget))
         result = await runner.run([1])
         assert result.full_token_ids == baseline.full_token_ids
         first = next(role for k, role in issued if k == 0)

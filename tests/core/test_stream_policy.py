@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from presto_client.core.chain_runner import ChainSetup
 from presto_client.core.engine_protocol import ScoredTokens
 from presto_client.core.kernels import Kernel, make_kernel
 from presto_client.core.reference import ReferenceEngine, ReferenceModel
@@ -268,7 +269,7 @@ async def test_the_walk_refuses_a_wrong_policy(
 ) -> None:
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(sampler=sampler, block_size=24, steps_per_block=12)
-    runner = StreamRunner(ReferenceEngine(model), config, 1, None, window=None)
+    runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 1, size=None))
     right = runner.policy
     runner.policy = wrong(right.view, right.sink, right.tuning, accept_branch=False)
     with pytest.raises(StreamRuleError, match=rf"transition \d+: .*{says}"):

@@ -14,11 +14,9 @@ import contextlib
 import logging
 import time
 
-from presto_client.core.chain_runner import ChainRunner, RoundCallback
-from presto_client.core.engine_protocol import Engine, ProposalRequest
+from presto_client.core.chain_runner import ChainRunner, ChainSetup
+from presto_client.core.engine_protocol import ProposalRequest
 from presto_client.core.rng import TransitionDraws
-from presto_client.core.settings import SamplerConfig
-from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream.flight import HEAD, InFlight, Streamed
 from presto_client.core.stream.tuning import StreamTuning
@@ -30,18 +28,9 @@ logger = logging.getLogger(__name__)
 class StreamIO(ChainRunner):
     """Issues, streams and closes one chain's proposals (see the module doc)."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        sampler: SamplerConfig,
-        seed: int,
-        on_round: RoundCallback | None,
-        budget: SpeculationBudget | None,
-        tuning: StreamTuning,
-    ) -> None:
-        super().__init__(engine, sampler, seed, on_round)
+    def __init__(self, setup: ChainSetup, tuning: StreamTuning) -> None:
+        super().__init__(setup)
         self.tuning = tuning
-        self.budget = budget if budget is not None else SpeculationBudget.unmeasured()
         self._tasks: set[asyncio.Task[None]] = set()
         self._draws: dict[tuple[int, int], TransitionDraws] = {}
         self._issued_since = 0

@@ -45,11 +45,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from presto_client.core.chain_runner import ChainResult, RoundCallback
-from presto_client.core.engine_protocol import Engine
+from presto_client.core.chain_runner import ChainResult, ChainSetup
 from presto_client.core.kernels import RejectionBound, Verdict
-from presto_client.core.settings import SamplerConfig
-from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream import rule, tuning
 from presto_client.core.stream.face import Face
@@ -76,29 +73,26 @@ class StreamRunner(StreamIO):
 
     def __init__(
         self,
-        engine: Engine,
-        sampler: SamplerConfig,
-        seed: int,
-        on_round: RoundCallback | None,
+        setup: ChainSetup,
         *,
-        window: int | None = None,
-        budget: SpeculationBudget | None = None,
         early_rejection: bool = True,
         overlap: bool = True,
         accept_branch: bool | None = None,
         next_block: bool | None = None,
         tuning: StreamTuning | None = None,
     ) -> None:
-        """``window``: the most proposals in flight (the walk's own included); ``None``: as many
-        as the budget allows, up to every remaining transition. ``overlap``: issue proposals
-        while the block's extension streams in. ``accept_branch``: while proposals stream,
+        """``setup.size``: the window, the most proposals in flight (the walk's own included);
+        ``None``: as many as the budget allows, up to every remaining transition. ``overlap``:
+        issue proposals while the block's extension streams in. ``accept_branch``: while
+        proposals stream,
         issue the ones the walk needs if they accept, when they likely will; ``None``: unless
         the cut law depends on the state (EntropyCut: such proposals are at guessed cuts, which
         seldom hold, and measured slower). ``next_block``: issue next-block proposals whose cut
         lies in this block's response; ``None``: unless the cut law depends on the state (then
         the next extension's tokens move it). ``tuning``: the speed policy's constants."""
         chosen = tuning if tuning is not None else _default_tuning()
-        super().__init__(engine, sampler, seed, on_round, budget, chosen)
+        super().__init__(setup, chosen)
+        window = setup.size
         if window is not None and window < 1:
             raise ValueError("window must be >= 1 (or None: no cap)")
         self.window = window

@@ -44,8 +44,8 @@ from presto_client.core.engine_protocol import (
 from presto_client.core.kernels import make_kernel
 from presto_client.core.predictor import CertaintyPredictor
 from presto_client.core.runners import run_chain
-from presto_client.core.sample_baselines import SharedDraws
 from presto_client.core.settings import ROUND_SIZE, SamplerConfig
+from presto_client.core.shared_draws import SharedDraws
 from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.stats import RoundRecord
 from presto_client.errors import PrestoError
