@@ -1,6 +1,7 @@
 """A prompts file is read no further than the rows a job uses (issue 48, item 2): with a limit
-and no shuffle, a JSONL file's first rows are read, so memory follows the rows used, not the
-file's size; with a shuffle the whole file is read (the sample needs every row), as before."""
+and no shuffle, a JSONL, CSV or parquet file's first rows are read, so memory follows the rows
+used, not the file's size; with a shuffle the whole file is read (the sample needs every row),
+as is a JSON array."""
 
 from __future__ import annotations
 
@@ -84,6 +85,47 @@ def test_rows_past_the_limit_are_not_read(tmp_path: Path) -> None:
     assert [p.text for p in prompts] == ["a", "b"]
     with pytest.raises(ConfigError, match=r"p.jsonl:3: not valid JSON"):
         load_prompts(load_job_config(_config(tmp_path, {"file": str(path)})))
+
+
+def test_a_csv_files_first_rows_are_read_and_no_more(tmp_path: Path) -> None:
+    """Rows of quoted cells across lines are whole, the file well past the limit is never
+    read (the bytes there are not UTF-8), and a whole read gives the same first rows and
+    places."""
+    path = tmp_path / "p.csv"
+    head = 'question,answer\n"two\nlines",1\nplain,2\n"three\nlong\nlines",3\nlast,4\n'
+    more = "".join(f"row {i},{i}\n" for i in range(5, 40))
+    path.write_bytes((head + more).encode() + b"\xff\xfe not text\n" * 3)
+    for limit, want in ((1, ["two\nlines"]), (3, ["two\nlines", "plain", "three\nlong\nlines"])):
+        cfg = load_job_config(_config(tmp_path, {"file": str(path), "limit": limit}))
+        prompts = load_prompts(cfg)
+        assert [p.text for p in prompts] == want
+        assert [p.answer for p in prompts] == [str(i + 1) for i in range(limit)]
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_prompts(load_job_config(_config(tmp_path, {"file": str(path)})))
+    clean = tmp_path / "clean.csv"
+    clean.write_text(head)
+    limited = load_prompts(load_job_config(_config(tmp_path, {"file": str(clean), "limit": 3})))
+    whole = load_prompts(load_job_config(_config(tmp_path, {"file": str(clean)})))
+    assert [(p.text, p.origin) for p in limited] == [(p.text, p.origin) for p in whole[:3]]
+    every = load_prompts(load_job_config(_config(tmp_path, {"file": str(clean), "limit": 9})))
+    assert len(every) == 4  # (a limit past the end: every row)
+    cut = tmp_path / "cut.csv"
+    cut.write_text('question,answer\nfine,1\n"never closed,2\n')
+    # (a quote left open to the end reads as a whole read reads it)
+    limited = load_prompts(load_job_config(_config(tmp_path, {"file": str(cut), "limit": 5})))
+    whole = load_prompts(load_job_config(_config(tmp_path, {"file": str(cut)})))
+    assert [p.text for p in limited] == [p.text for p in whole] == ["fine", "never closed,2\n"]
+
+
+def test_a_parquet_files_first_rows_are_those_a_whole_read_gives(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "p.parquet"
+    table = pa.table({"question": [f"q{i}" for i in range(50)], "answer": list(range(50))})
+    pq.write_table(table, path, row_group_size=7)  # (a limit across row groups)
+    for limit in (1, 7, 12, 60):
+        got = load_prompts(load_job_config(_config(tmp_path, {"file": str(path), "limit": limit})))
+        assert [p.text for p in got] == [f"q{i}" for i in range(min(limit, 50))]
 
 
 def test_a_first_row_past_the_size_limit_is_refused(tmp_path: Path) -> None:

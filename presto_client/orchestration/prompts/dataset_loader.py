@@ -72,8 +72,9 @@ def load_rows(
 
 
 def load_local(path: Path, *, split: str | None = None, first: int | None = None) -> LoadedRows:
-    """Rows of a local file (by its suffix) or of a saved dataset directory; ``first``: of a
-    JSONL file, only the first rows are read (its other formats are read whole)."""
+    """Rows of a local file (by its suffix) or of a saved dataset directory; ``first``: only
+    the first rows are read of a JSONL, CSV or parquet file (memory follows the rows used; a
+    JSON array and a saved dataset are read whole)."""
     identity = DatasetIdentity(path=str(path), split=split)
     if path.is_dir():
         return _load_saved(path, split, identity)
@@ -81,7 +82,9 @@ def load_local(path: Path, *, split: str | None = None, first: int | None = None
     if split is not None:
         raise ConfigError(f"{path}: a file has no splits; remove prompts.dataset.split")
     if suffix == ".parquet":
-        return _load_parquet(path, identity)
+        return _load_parquet(path, identity, first)
+    if suffix == ".csv" and first is not None:
+        return _first_csv_rows(path, first, identity)
     jsonl = suffix not in (".csv", ".json")
     text = read_text_file(
         path,
@@ -173,7 +176,32 @@ def _parse_csv(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
     return LoadedRows(rows, places, identity, str(path))
 
 
-def _load_parquet(path: Path, identity: DatasetIdentity) -> LoadedRows:
+def _first_csv_rows(path: Path, first: int, identity: DatasetIdentity) -> LoadedRows:
+    """The first ``first`` rows of a CSV file, reading about no further than they need (at
+    most twice their lines): a row may span lines (a quoted cell), so the lines read double
+    until a row past them has begun (the ones before it are whole) or the file has ended."""
+    lines = first + 2  # (the header, the rows, and the start of the next)
+    while True:
+        text = read_text_file(
+            path,
+            what="prompts file",
+            max_bytes=MAX_PROMPTS_BYTES,
+            rows=lines,
+            missing_hint="; fix the path (relative paths are relative to the config file)",
+        )
+        whole = sum(1 for line in text.split("\n") if line.strip()) < lines
+        try:
+            loaded = _parse_csv(path, text, identity)
+        except ConfigError:
+            if whole:
+                raise
+            loaded = None  # (a row cut where the read stopped: read on)
+        if loaded is not None and (whole or len(loaded.rows) > first):
+            return LoadedRows(loaded.rows[:first], loaded.places[:first], identity, str(path))
+        lines *= 2
+
+
+def _load_parquet(path: Path, identity: DatasetIdentity, first: int | None = None) -> LoadedRows:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -183,7 +211,15 @@ def _load_parquet(path: Path, identity: DatasetIdentity) -> LoadedRows:
     if not path.is_file():
         raise ConfigError(f"{path}: no such prompts file; fix the path")
     try:
-        rows = pq.read_table(path).to_pylist()
+        if first is None:
+            rows = pq.read_table(path).to_pylist()
+        else:  # (batch by batch, up to the rows used)
+            rows = []
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=max(first, 1)):
+                if len(rows) >= first:
+                    break
+                rows.extend(batch.to_pylist())
+            del rows[first:]
     except Exception as exc:  # pyarrow's errors (ArrowInvalid, OSError): not a parquet file
         raise ConfigError(f"{path}: cannot read it as parquet: {_one_line(exc)}") from None
     return LoadedRows(rows, [f"{path}: row {i}" for i in range(len(rows))], identity, str(path))
