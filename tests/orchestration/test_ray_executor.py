@@ -259,6 +259,8 @@ def test_sigterm_stops_a_ray_job_cleanly_and_the_rerun_resumes(
     job.stop(signal.SIGTERM)
     assert job.proc.returncode == 143, job.stderr
     assert "SIGTERM received" not in job.stderr, job.stderr  # (Ray's C handler: an abort)
+    # (said at start, in one line: Ray's servers cannot be kept to loopback)
+    assert "listen on every interface" in job.stderr, job.stderr
     done = _check_stopped(run_dir, job.stderr, "terminated (SIGTERM)")
     assert 2 <= len(done) < 16
     rerun = job.rerun("--set", "engines[0].latency_s=0", "--set", "executor={kind: local}")

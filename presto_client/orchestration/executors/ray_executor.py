@@ -70,21 +70,23 @@ def _import_ray() -> Any:
     return ray
 
 
-def _require_token_auth(ray: Any) -> None:
+def _require_token_auth(ray: Any) -> bool:
     """Token authentication (Ray >= 2.52) for the local instance this process starts: a fresh
     random token in this process's environment (inherited by the instance's processes, never
-    written to disk), unless the user chose a mode or a token already."""
+    written to disk), unless the user chose a mode or a token already; ``False`` (and a
+    warning) when the user turned it off."""
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         logger.warning(
             "RAY_AUTH_MODE=disabled: the local Ray instance takes calls from anyone who can "
             "reach this machine's ports"
         )
-        return
+        return False
     os.environ["RAY_AUTH_MODE"] = "token"
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     with contextlib.suppress(ImportError, AttributeError):
         ray._raylet.Config.initialize("")  # re-read the mode (Ray caches its config)
+    return True
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -164,7 +166,12 @@ class RaySession:
             # interface (a loopback node address is replaced by a reachable one: Ray's
             # resolve_ip_for_localhost), and a Ray instance without authentication runs any
             # code sent to it.
-            _require_token_auth(ray)
+            if _require_token_auth(ray):
+                logging.getLogger("presto_client.progress").info(
+                    "a local Ray instance: its servers listen on every interface of this "
+                    "machine (Ray does not bind them to loopback); they take calls only with "
+                    "this job's token"
+                )
         else:
             kwargs["address"] = address
 
