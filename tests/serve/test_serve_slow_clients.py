@@ -81,6 +81,22 @@ def test_a_body_that_never_ends_is_a_408(tmp_path: Path) -> None:
         sock.close()
 
 
+def _held_until(service: ServiceThread, count: int, *, running: bool) -> None:
+    """Until the service holds ``count`` connections (each running a request, when
+    ``running``): on a loaded machine its loop takes them in later than the test sends them."""
+    server = service.running._runner.server  # type: ignore[union-attr]
+
+    def ready() -> bool:
+        held = list(server.connections)
+        busy = all(getattr(h, "_request_in_progress", False) for h in held)
+        return len(held) == count and (busy or not running)
+
+    deadline = time.monotonic() + 30
+    while not service.call(ready):
+        assert time.monotonic() < deadline, f"the service never held {count} connections"
+        time.sleep(0.02)
+
+
 def _slow_body(url: str) -> socket.socket:
     """A connection running a request: its headers complete, its body still to come."""
     sock = _connect(url)
@@ -101,7 +117,7 @@ def test_at_the_connection_limit_a_new_client_takes_the_place_of_a_slowloris(
         slow = [_connect(service.url) for _ in range(4)]
         for sock in slow[:2]:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never ends
-        time.sleep(0.3)
+        _held_until(service, 4, running=False)
         clients = [httpx.Client(timeout=10) for _ in range(3)]  # (kept open: each needs a place)
         for client in clients:
             assert client.get(f"{service.url}/health").status_code == 200
@@ -128,7 +144,7 @@ def test_past_the_connection_limit_a_connection_gets_a_503(
             _service(tmp_path, max_connections=4, idle_timeout_s=30.0) as service,
         ):
             held = [_slow_body(service.url) for _ in range(4)]
-            time.sleep(0.3)
+            _held_until(service, 4, running=True)
             for _ in range(20):
                 extra = _connect(service.url)
                 closed, got = _closed_within(extra, 5)
