@@ -25,6 +25,7 @@ from presto_client.backends.parsing import (
     topk_rows,
 )
 from presto_client.core.engine_protocol import FloatArray, IntArray
+from presto_client.core.scoring import ROW_TOLERANCE
 from presto_client.errors import InvalidResponseError
 
 
@@ -165,9 +166,6 @@ class CanonicalKeys:
 
 
 _PREFIX_LEN = len("token_id:")
-_OWN_ENTRY_TOLERANCE = 1e-3
-"""As :data:`presto_client.core.scoring.ROW_TOLERANCE`: a sampled token's logprob and its own
-row entry come from one softmax."""
 
 
 def top_values_of_rows(
@@ -203,7 +201,7 @@ def top_values_of_rows(
         return None  # (a sampled token missing from its row: None among the values)
     # (only where the logprob is finite, as the full parse's check: -inf - -inf is no gap)
     gap = np.subtract(logprobs, own, out=np.zeros(n), where=np.isfinite(logprobs))
-    if not bool((np.abs(gap) <= _OWN_ENTRY_TOLERANCE).all()):
+    if not bool((np.abs(gap) <= ROW_TOLERANCE).all()):
         return None
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=n)
     width = int(lengths.max())

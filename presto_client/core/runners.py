@@ -56,8 +56,8 @@ async def run_chain(
     ``stream``, the samples of a sample baseline (ignored by a method without one); ``None``:
     the method's default. ``budget`` is the speculation budget of the engine, shared by the
     chains on it (its owner, the one who opened the engine, hands it in); ``None``: a budget of
-    this chain's own. ``draws``: the engine's
-    :class:`SharedDraws`, through which a job's ``best_of_n`` and ``majority_vote`` read one draw.
+    this chain's own. ``draws``: the engine's :class:`SharedDraws`, through which a job's
+    ``best_of_n`` and ``majority_vote`` read one draw.
     """
     method = get_method(traversal)
     if size is None or method.size == "none":
