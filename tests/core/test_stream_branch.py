@@ -23,6 +23,7 @@ from presto_client.core.rng import ChainRandomness
 from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.state import ChainState
+from presto_client.core.stream import policy as stream_policy
 from presto_client.core.stream import tuning
 from presto_client.core.stream.flight import InFlight
 from presto_client.core.stream.predictor import AcceptPredictor
@@ -190,7 +191,9 @@ async def test_replay_catches_an_accept_branch_issued_past_the_head_tokens_recei
     monkeypatch.setattr(StreamRunner, "_usable", _prefix_only)
     out = await _replays("power_mh", range(6), break_probability=0.0, overlap=False)
     assert out.same and out.kept > 0
+    # The walk's check and the policy's own filter both let a prefix not yet in go out.
     monkeypatch.setattr(StreamRunner, "_ready", lambda self, cut, received: True)
+    monkeypatch.setattr(stream_policy, "ready", lambda cut, received: True)
     out = await _replays("power_mh", range(6), break_probability=0.0, overlap=False)
     assert not out.same
     out = await _replays(

@@ -26,6 +26,7 @@ from presto_client.core.runners import run_chain
 from presto_client.core.sampler_config import SamplerConfig
 from presto_client.core.speculation import MIN_OBSERVATIONS, SpeculationBudget
 from presto_client.core.state import ChainState
+from presto_client.core.stream import policy as stream_policy
 from presto_client.core.stream import tuning
 from presto_client.core.stream.flight import SPECULATIVE, InFlight, join_chunks
 from presto_client.core.stream.rule import StreamRuleError
@@ -242,7 +243,9 @@ async def test_replay_catches_a_proposal_issued_past_the_tokens_received(
     monkeypatch.setattr(StreamRunner, "_usable", _prefix_only)
     same, totals = await _replays("power_mh", range(5), break_probability=0.0)
     assert same and totals["early"] > 0  # the weaker check alone is right for this runner
+    # The walk's check and the policy's own filter both let a prefix not yet in go out.
     monkeypatch.setattr(StreamRunner, "_ready", lambda self, cut, received: True)
+    monkeypatch.setattr(stream_policy, "ready", lambda cut, received: True)
     same, _ = await _replays("power_mh", range(5), break_probability=0.0)
     assert not same
 
@@ -398,7 +401,7 @@ async def test_proposals_an_earlier_accept_would_likely_rewrite_wait() -> None:
     model = ReferenceModel(10, seed=3)
     config = SamplerConfig(block_size=40, steps_per_block=30)
     runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 1, size=None))
-    rate = runner.policy.accept_rate()  # the prior, 0.3
+    rate = runner.policy.accept_rate(runner.snapshot())  # the prior, 0.3
     assert runner.policy.survival([(5, rate), (30, rate), (30, rate)], 10) == pytest.approx(0.7)
     many = [(c, rate) for c in range(1, 10)]  # nine earlier smaller cuts: 0.7^9 = 0.04
     assert runner.policy.survival(many, 10) < tuning.DEFAULT_TUNING.survival_floor
@@ -424,9 +427,11 @@ async def test_a_complete_proposal_threatens_later_ones_by_its_decision(sampler:
     kernel = runner.kernel
     (response,) = await runner.engine.generate([kernel.extension_request((2,), 5)])
     state = ChainState((2,), response)
-    rate = runner.policy.accept_rate()
+    rate = runner.policy.accept_rate(runner.snapshot())
     flights = [runner._issue(state, 0, k, SPECULATIVE) for k in range(40)]
-    assert all(runner.policy.threat(f, state) == (f.cut, rate) for f in flights)  # none complete
+    assert all(
+        runner.policy.threat(runner.snapshot(), f, state) == (f.cut, rate) for f in flights
+    )  # none complete
     for flight in flights:
         while not flight.complete:
             flight.changed.clear()
@@ -435,17 +440,24 @@ async def test_a_complete_proposal_threatens_later_ones_by_its_decision(sampler:
     for flight in flights:
         proposals = [join_chunks(c) for c in flight.chunks]
         verdict = kernel.evaluate(state, flight.cut, proposals, flight.draws)
-        assert runner.policy.threat(flight, state) == (flight.cut, float(verdict.accepted))
+        assert runner.policy.threat(runner.snapshot(), flight, state) == (
+            flight.cut,
+            float(verdict.accepted),
+        )
         decisions.append(verdict.accepted)
     assert any(decisions) and not all(decisions)
     partial = ChainState((2,), response.slice(0, 10))  # the extension still streaming
-    assert all(runner.policy.threat(f, partial) == (f.cut, rate) for f in flights)
+    assert all(
+        runner.policy.threat(runner.snapshot(), f, partial) == (f.cut, rate) for f in flights
+    )
     (other,) = await runner.engine.generate([kernel.extension_request((2,), 6)])
     rewritten = ChainState((2,), other)
     differs = int(np.argmax(response.token_ids != other.token_ids))
     assert response.token_ids[differs] != other.token_ids[differs]
     past = [f for f in flights if f.cut > differs]
-    assert past and all(runner.policy.threat(f, rewritten) == (f.cut, rate) for f in past)
+    assert past and all(
+        runner.policy.threat(runner.snapshot(), f, rewritten) == (f.cut, rate) for f in past
+    )
     for flight in flights:
         runner._close(flight)
     await runner._drain()
@@ -467,7 +479,9 @@ async def test_on_a_compute_bound_engine_only_proposals_likely_used_go_out() -> 
         model = ReferenceModel(10, seed=3)
         config = SamplerConfig(block_size=40, steps_per_block=30)
         runner = StreamRunner(ChainSetup(ReferenceEngine(model), config, 1, budget=budget))
-        floor = runner.policy.survival_floor(1)  # as the refill sees it: the head alone in flight
+        floor = runner.policy.survival_floor(
+            runner.snapshot(), 1
+        )  # as the refill sees it: the head alone in flight
         runner._enter_block(0)
         runner._refill(state, 0)
         window = dict(runner._window)
@@ -480,7 +494,9 @@ async def test_on_a_compute_bound_engine_only_proposals_likely_used_go_out() -> 
         (steep_floor, steep, steep_runner),
         (flat_floor, flat, flat_runner),
     ):
-        rate = runner.policy.accept_rate()  # nothing is complete yet: every threat at the rate
+        rate = runner.policy.accept_rate(
+            runner.snapshot()
+        )  # nothing is complete yet: every threat at the rate
         cuts = [(window[0].cut, rate)]
         for j in range(1, 30):
             draws = runner._transition_draws(0, j)

@@ -4,9 +4,11 @@ Where the law is, and where the speed (``docs/exactness.md`` says which tests sh
 
 * the law: :mod:`.rule` (when a proposal is the request the sequential chain makes at its
   transition) and :mod:`.walk` (:class:`~.walk.StreamRunner`: transitions in order, every
-  decision the kernel's against the state it holds; the only writer of what is in flight; it
-  checks the rule where a proposal enters and again where it is used);
-* the speed: :mod:`.policy` (what to propose, from a read-only :mod:`.view` of the walk),
+  decision the kernel's against the state it holds; the only writer of what is in flight and
+  the only taker of the engine's budget slots; it checks the rule where a proposal enters and
+  again where it is used);
+* the speed: :mod:`.policy` (what to propose: given a :mod:`.view` snapshot of the walk, it
+  returns a plan),
   :mod:`.predictor` (how likely a head accepts, for accept branches), :mod:`.tuning` (every
   constant of the policy, with its reason) and the engine's shared budget
   (:mod:`presto_client.core.speculation`);

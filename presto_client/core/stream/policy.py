@@ -1,11 +1,14 @@
 """The ``stream`` traversal's speed policy: which proposals to ask the walk for, and when.
 
-Nothing here decides or issues. The policy reads the walk through a
-:class:`~presto_client.core.stream.view.WalkView` and asks it for proposals through a
-:class:`~presto_client.core.stream.view.ProposalSink`; the walk checks each one against the rule
+Nothing here decides, issues or holds a slot. Each pass is given a read-only
+:class:`~presto_client.core.stream.view.WalkSnapshot` and returns a
+:class:`~presto_client.core.stream.view.Plan` (the proposals it wants, in order, with how likely
+each is used); the walk takes their slots of the engine's budget, checks each against the rule
 (:mod:`presto_client.core.stream.rule`) before it issues it, and again before it uses it. So
 every heuristic here can change without re-arguing the law: a wrong one costs tokens or time,
-or is caught by the walk's check, and never changes a sample.
+or is caught by the walk's check, and never changes a sample. What the policy keeps between
+passes is memoised reads (accept predictors fed chunk by chunk, complete proposals' decisions),
+dropped when the walk says the state they were read against has changed.
 
 What is proposed: each transition's proposal beside the one the walk needs next while it is
 likely still to be usable at its turn (:meth:`StreamPolicy.survival`: each transition before it
@@ -26,7 +29,7 @@ from presto_client.core.state import ChainState
 from presto_client.core.stream.flight import InFlight, join_chunks
 from presto_client.core.stream.predictor import AcceptPredictor, Watch
 from presto_client.core.stream.tuning import StreamTuning
-from presto_client.core.stream.view import Origin, Proposal, ProposalSink, WalkView
+from presto_client.core.stream.view import Origin, Plan, Proposal, WalkSnapshot, Withdrawal, ready
 from presto_client.errors import InvalidResponseError
 
 Threat = tuple[int, float]
@@ -36,11 +39,7 @@ Threat = tuple[int, float]
 class StreamPolicy:
     """Proposes what the walk should have in flight (see the module doc); speed only."""
 
-    def __init__(
-        self, view: WalkView, sink: ProposalSink, tuning: StreamTuning, *, accept_branch: bool
-    ) -> None:
-        self.view = view
-        self.sink = sink
+    def __init__(self, tuning: StreamTuning, *, accept_branch: bool) -> None:
         self.tuning = tuning
         self.accept_branch = accept_branch
         self._watches: dict[int, Watch] = {}
@@ -64,9 +63,8 @@ class StreamPolicy:
 
     # ---- sizing
 
-    def accept_rate(self) -> float:
+    def accept_rate(self, view: WalkSnapshot) -> float:
         pseudo_accepts, pseudo_transitions = self.tuning.accept_prior
-        view = self.view
         return (view.accepts + pseudo_accepts) / (view.transitions + pseudo_transitions)
 
     @staticmethod
@@ -81,14 +79,14 @@ class StreamPolicy:
                 survival *= 1.0 - odds
         return survival
 
-    def survival_floor(self, sequences: int) -> float:
+    def survival_floor(self, view: WalkSnapshot, sequences: int) -> float:
         """How likely a speculative proposal of ``sequences`` must be to be used for it to be
         proposed: the tuning's floor, or what it costs the sequences in flight if more
         (:meth:`SpeculationBudget.marginal_cost`: on a compute-bound engine a proposal an
         earlier accept likely rewrites slows the walk's head for nothing)."""
-        return max(self.tuning.survival_floor, self.view.budget.marginal_cost(sequences))
+        return max(self.tuning.survival_floor, view.marginal_cost(sequences))
 
-    def threat(self, flight: InFlight, state: ChainState) -> Threat:
+    def threat(self, view: WalkSnapshot, flight: InFlight, state: ChainState) -> Threat:
         """``flight``'s transition as a threat to the proposals after it: its cut, and how likely
         it accepts if the walk reaches it in ``state``. A complete proposal is decided the
         moment the walk reaches it, so its odds are the kernel's own decision, known now
@@ -97,7 +95,7 @@ class StreamPolicy:
         them all at once, then waited for those); before that, the chain's acceptance rate.
         While the block's extension streams, ``state`` holds only its first tokens and nothing
         is decided. For sizing only: the walk decides again, in order."""
-        rate = self.accept_rate()
+        rate = self.accept_rate(view)
         if (
             not flight.complete
             or flight.error is not None
@@ -107,10 +105,10 @@ class StreamPolicy:
         known = self._known.get(flight.k)
         if known is None or known[0] is not flight or known[1] is not state:
             odds = rate
-            if self.view.usable(flight, state):
+            if view.usable(flight, state):
                 proposals = [join_chunks(c) for c in flight.chunks]
                 try:
-                    verdict = self.view.kernel.evaluate(state, flight.cut, proposals, flight.draws)
+                    verdict = view.kernel.evaluate(state, flight.cut, proposals, flight.draws)
                 except InvalidResponseError:
                     pass  # the walk's own decision reports it, in order
                 else:
@@ -119,63 +117,50 @@ class StreamPolicy:
             known = self._known[flight.k] = (flight, state, odds)
         return flight.cut, known[2]
 
-    def _last(self, m: int) -> int:
+    @staticmethod
+    def _last(view: WalkSnapshot, m: int) -> int:
         """One past the last transition the window may hold while the walk waits at ``m``."""
-        cap, steps = self.view.cap, self.view.steps
+        cap, steps = view.cap, view.steps
         return steps if cap is None else min(m + cap, steps)
-
-    def in_flight(self) -> int:
-        """Proposals in flight: the head, the window's, every accept branch's and the next
-        block's."""
-        view = self.view
-        branched = sum(len(b) for _, b in view.branches.values())
-        return 1 + len(view.window) + branched + len(view.ahead)
 
     # ---- what to propose
 
-    def refill(self, state: ChainState, m: int) -> None:
-        """The walk is at ``m`` in ``state`` (its own proposal in flight): propose, in
-        transition order, those ahead worth their tokens, while the engine's budget allows."""
-        view = self.view
+    def refill(self, view: WalkSnapshot, state: ChainState, m: int) -> Plan:
+        """The walk is at ``m`` in ``state`` (its own proposal in flight): those ahead worth
+        their tokens, in transition order. The walk issues them while the engine's budget
+        allows: never out of order, and what would have gone out is noted, so that a wait for
+        it is counted as the budget's."""
         window = view.window
-        per = view.kernel.sequences_per_proposal
-        floor = self.survival_floor(per)
-        rate = self.accept_rate()
-        threats = [self.threat(window[m], state)]
-        refused = False
-        for j in range(m + 1, self._last(m)):
+        floor = self.survival_floor(view, view.kernel.sequences_per_proposal)
+        rate = self.accept_rate(view)
+        threats = [self.threat(view, window[m], state)]
+        plan = Plan(report_refusals=True)
+        for j in range(m + 1, self._last(view, m)):
             flight = window.get(j)
             if flight is not None:
-                threats.append(self.threat(flight, state))
+                threats.append(self.threat(view, flight, state))
                 continue
             cut = view.kernel.cut(state, view.draws(j).u_cut)
             survival = self.survival(threats, cut)
             threats.append((cut, rate))
-            if survival < floor:
-                continue  # likely rewritten before its turn: proposed when the walk is nearer
-            if refused or not view.budget.try_acquire(per, used=survival, own=per):
-                # The engine's budget is spent: speculate less, never out of order; what would
-                # have gone out is noted, so that a wait for it is counted as the budget's.
-                self.sink.refused(j, not refused)
-                refused = True
-                continue
-            self.sink.propose(Proposal(j, cut, state))
+            if survival >= floor:  # (else likely rewritten first: proposed when nearer)
+                plan.steps.append(Proposal(j, cut, state, survival=survival))
+        return plan
 
-    def early(self, partial: ChainState, length: int) -> None:
-        """The block's extension is in up to ``partial`` (``length`` once complete): propose the
+    def early(self, view: WalkSnapshot, partial: ChainState, length: int) -> Plan:
+        """The block's extension is in up to ``partial`` (``length`` once complete): the
         transitions whose cut lies in it. All are speculative (the walk waits for the
         extension): budget first, in transition order; with a cap ``W`` at most ``W − 1`` of
         them, as when the walk waits for a head."""
-        view = self.view
         window = view.window
         steps, cap = view.steps, view.cap
         last = steps if cap is None else min(cap - 1, steps)
         per = view.kernel.sequences_per_proposal
-        floor = self.survival_floor(per)
-        rate = self.accept_rate()
+        floor = self.survival_floor(view, per)
+        rate = self.accept_rate(view)
         threats: list[Threat] = []
         reserved = 0
-        refused = False
+        plan = Plan(report_refusals=True)
         for j in range(last):
             flight = window.get(j)
             if flight is not None:
@@ -186,28 +171,26 @@ class StreamPolicy:
             threats.append((cut, rate))
             if survival < floor:
                 continue
-            if not view.ready(cut, partial.length):
+            if not ready(cut, partial.length):
                 # Its prefix is not in yet: a later chunk brings it. Its slots are kept for it,
                 # since the walk needs it before every later transition.
                 reserved += per
                 continue
-            if refused or not view.budget.try_acquire(per, reserved, survival, own=per):
-                self.sink.refused(j, not refused)
-                refused = True
-                continue
-            self.sink.propose(Proposal(j, cut, partial, Origin.EXTENSION))
+            plan.steps.append(
+                Proposal(j, cut, partial, Origin.EXTENSION, survival=survival, reserved=reserved)
+            )
+        return plan
 
-    def next_extension(self, left: int) -> bool:
-        """Whether to request the next block's extension now, ``left`` transitions before this
-        block ends: only once they likely all reject (an accept closes it), and the budget
-        allows (its slot is then taken)."""
-        if (1.0 - self.accept_rate()) ** left < self.survival_floor(1):
-            return False  # an accept among the transitions left would likely rewrite it
-        return self.view.budget.try_acquire(1)
+    def next_extension(self, view: WalkSnapshot, left: int) -> bool:
+        """Whether the next block's extension is wanted now, ``left`` transitions before this
+        block ends: only once they likely all reject (an accept closes it); the walk requests
+        it if the budget allows."""
+        # (else an accept among the transitions left would likely rewrite it)
+        return (1.0 - self.accept_rate(view)) ** left >= self.survival_floor(view, 1)
 
-    def ahead(self, state: ChainState, m: int) -> None:
+    def ahead(self, view: WalkSnapshot, state: ChainState, m: int) -> Plan:
         """The walk is at ``m`` in ``state`` with this block's proposals from ``m`` on in flight:
-        propose next-block proposals whose cut lies in ``state``'s response.
+        next-block proposals whose cut lies in ``state``'s response.
 
         The next block's walk ends no sooner than its longest proposal, the one at the
         smallest cut, which would otherwise go out only when that block starts; its prefix,
@@ -219,13 +202,11 @@ class StreamPolicy:
         (16 blocks of 192, K = 10) this took stream from 3.85x to 4.47x the sequential chain
         for MultiTryMH and from 4.94x to 7.72x for PowerMH, in virtual time on the `gpu` cost
         curve (docs/benchmarks.md, "The job's shape")."""
-        view = self.view
         window, ahead = view.window, view.ahead
-        per = view.kernel.sequences_per_proposal
-        floor = self.survival_floor(per)
-        rate = self.accept_rate()
+        floor = self.survival_floor(view, view.kernel.sequences_per_proposal)
+        rate = self.accept_rate(view)
         length = state.length + view.block_size
-        threats = [self.threat(window[j], state) for j in range(m, view.steps)]
+        threats = [self.threat(view, window[j], state) for j in range(m, view.steps)]
         chosen: list[tuple[int, int, float]] = []
         for j in range(view.steps):
             flight = ahead.get(j)
@@ -235,21 +216,26 @@ class StreamPolicy:
             cut = view.kernel.speculative_cut(state, length, view.next_draws(j).u_cut)
             survival = self.survival(threats, cut)
             threats.append((cut, rate))
-            if view.ready(cut, state.length) and survival >= floor:
+            if ready(cut, state.length) and survival >= floor:
                 chosen.append((cut, j, survival))
-        for cut, j, survival in sorted(chosen):
-            if view.cap is not None and self.in_flight() >= view.cap:
-                break
-            if not view.budget.try_acquire(per, used=survival, own=per):
-                break
-            self.sink.propose(Proposal(j, cut, state, Origin.NEXT_BLOCK))
+        steps: list[Proposal | Withdrawal] = [
+            Proposal(j, cut, state, Origin.NEXT_BLOCK, survival=survival, limit=view.cap)
+            for cut, j, survival in sorted(chosen)
+        ]
+        return Plan(steps)
 
-    def scan(self, state: ChainState, head: InFlight | None, first: int, length: int) -> None:
+    def scan(
+        self,
+        view: WalkSnapshot,
+        state: ChainState,
+        head: InFlight | None,
+        first: int,
+        length: int,
+    ) -> Plan:
         """Feed the head's and the next proposals' new tokens to their accept predictors, and
-        propose each one's accept branch (the others' assume the transitions before them
-        reject, which their branches' survival counts). ``head``: ``None`` while the block's
-        extension streams (``state`` holds its first tokens, ``length`` the whole)."""
-        view = self.view
+        want each one's accept branch (the others' assume the transitions before them reject,
+        which their branches' survival counts). ``head``: ``None`` while the block's extension
+        streams (``state`` holds its first tokens, ``length`` the whole)."""
         cap = view.cap
         left = view.steps - first
         window = view.window
@@ -263,6 +249,7 @@ class StreamPolicy:
             return left - 1 if cap is None else min(cap, left - 1)
 
         threats: list[Threat] = []
+        plan = Plan()
         for t in range(first, first + 1 + self.tuning.branch_watch):
             flight = head if head is not None and t == head.k else window.get(t)
             if flight is None:
@@ -283,47 +270,52 @@ class StreamPolicy:
             if news and not (flight.complete and flight is head):
                 # survives iff the earlier in-flight transitions at smaller cuts all reject
                 prior_t = self.survival(threats, flight.cut)
-                self._branch(state, flight, watch.predictor, prior_t, limit(t), length)
-            threats.append(self.threat(flight, state))
+                plan.steps.extend(
+                    self._branch(view, state, flight, watch.predictor, prior_t, limit(t), length)
+                )
+            threats.append(self.threat(view, flight, state))
+        return plan
 
     def _branch(
         self,
+        view: WalkSnapshot,
         state: ChainState,
         base: InFlight,
         predictor: AcceptPredictor,
         prior: float,
         limit: int | None,
         length: int,
-    ) -> None:
-        """Propose, from the state ``base``'s accept would make (its prefix, then the tokens of
+    ) -> list[Proposal | Withdrawal]:
+        """Want, from the state ``base``'s accept would make (its prefix, then the tokens of
         the candidate it would splice received so far), the proposals of the transitions after
         it whose cut lies past ``base``'s and inside those tokens, while that accept is likely
         enough (``prior``: that ``base`` is still usable at its turn) and each proposal to
         survive the transitions between; all in flight stay under ``limit``. Those already in
         flight stay until ``base`` is decided; all are withdrawn when its accept has become
-        unlikely, or the candidate changes."""
-        tuning, view = self.tuning, self.view
+        unlikely, or the candidate changes. The proposals form one group: the walk stops at
+        the first the budget refuses or ``limit`` holds back."""
+        tuning = self.tuning
         probability, candidate = predictor.predict()
         probability *= prior
+        steps: list[Proposal | Withdrawal] = []
         entry = view.branches.get(base.k)
         if entry is not None and entry[0] is not base:  # left from a proposal since replaced
-            self.sink.withdraw(base.k)
+            steps.append(Withdrawal(base.k))
             entry = None
         branch = entry[1] if entry is not None else {}
         if branch and (
             probability < tuning.branch_drop * tuning.branch_floor
             or any(flight.candidate != candidate for flight in branch.values())
         ):
-            self.sink.withdraw(base.k)
+            steps.append(Withdrawal(base.k))
             branch = {}
         if probability < tuning.branch_floor or not base.chunks[candidate]:
-            return
+            return steps
         received = join_chunks(base.chunks[candidate])
         partial = state.with_response(state.response.slice(0, base.cut).concat(received))
-        per = view.kernel.sequences_per_proposal
-        rate = self.accept_rate()
+        rate = self.accept_rate(view)
         threats: list[Threat] = []
-        last = min(self._last(base.k), base.k + 1 + tuning.branch_span)
+        last = min(self._last(view, base.k), base.k + 1 + tuning.branch_span)
         for j in range(base.k + 1, last):
             flight = branch.get(j)
             if flight is not None:
@@ -334,14 +326,21 @@ class StreamPolicy:
             threats.append((cut, rate))
             if cut <= base.cut:
                 continue  # the accept leaves its prefix as it is: the window's to propose
-            if not view.ready(cut, partial.length):
+            if not ready(cut, partial.length):
                 continue  # its prefix is not in yet: a later chunk may bring it
             if survival < tuning.branch_floor:
                 continue
-            if limit is not None and self.in_flight() >= limit:
-                break
-            if not view.budget.try_acquire(per, used=survival, own=per):
-                break
-            self.sink.propose(
-                Proposal(j, cut, partial, Origin.BRANCH, base=base.k, candidate=candidate)
+            steps.append(
+                Proposal(
+                    j,
+                    cut,
+                    partial,
+                    Origin.BRANCH,
+                    base=base.k,
+                    candidate=candidate,
+                    survival=survival,
+                    limit=limit,
+                    group=base.k,
+                )
             )
+        return steps

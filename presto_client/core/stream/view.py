@@ -1,24 +1,24 @@
-"""What the speed policy sees of the walk, and the one thing it can do: propose.
+"""What the speed policy sees of the walk, and what it answers: a snapshot in, a plan out.
 
-The policy (:mod:`presto_client.core.stream.policy`) reads the walk through :class:`WalkView`
-(read-only: the kernel, the engine's budget, the window and the accept branches in flight) and
-acts only through :class:`ProposalSink`: it proposes a request (:class:`Proposal`: which
-transition, from which state, at what cut), withdraws an accept branch it no longer wants, and
-reports what the engine's budget refused. The walk (:mod:`presto_client.core.stream.walk`)
-implements both, checks every proposal against the rule before it issues it, and is the only
-writer of what is in flight.
+The policy (:mod:`presto_client.core.stream.policy`) is given a :class:`WalkSnapshot` (the
+kernel, the walk's position, what is in flight as read-only mappings, the transitions' draws
+and the engine's marginal cost: no budget to take from, no walk to call) and returns a
+:class:`Plan`: the proposals it wants, in order, each with why (how likely it is used), and the
+accept branches to withdraw. The walk (:mod:`presto_client.core.stream.walk`) alone carries a
+plan out: it takes each proposal's slots of the engine's budget, checks the proposal against
+the rule, issues it, and gives the slots back if it is not issued. So the policy can neither
+hold a slot nor change what is in flight.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from presto_client.core.kernels import Kernel
 from presto_client.core.rng import TransitionDraws
-from presto_client.core.speculation import SpeculationBudget
 from presto_client.core.state import ChainState
 from presto_client.core.stream.flight import InFlight
 
@@ -41,8 +41,8 @@ class Origin(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Proposal:
-    """A request the policy asks the walk to issue: transition ``k``'s proposal from ``state``
-    at ``cut``. The walk draws the transition's randomness and builds the request itself."""
+    """A request the policy wants issued: transition ``k``'s proposal from ``state`` at
+    ``cut``. The walk draws the transition's randomness and builds the request itself."""
 
     k: int
     cut: int
@@ -53,85 +53,71 @@ class Proposal:
     """An accept branch: the transition whose accept it assumes."""
     candidate: int = -1
     """An accept branch: the sequence of ``base``'s proposal whose tokens follow its cut."""
+    survival: float | None = None
+    """Why it is wanted: how likely the walk uses it (the budget weighs its cost against it)."""
+    reserved: int = 0
+    """Slots the budget keeps for earlier transitions whose prefix is not in yet."""
+    limit: int | None = None
+    """Issued only while fewer proposals than this are in flight (``None``: no limit)."""
+    group: int = 0
+    """Proposals of one group go out in order: once one is refused, the rest of it wait."""
 
 
-class WalkView(Protocol):
-    """The walk, read-only."""
+@dataclass(frozen=True, slots=True)
+class Withdrawal:
+    """Close the accept branch of transition ``base`` (its accept became unlikely)."""
 
-    @property
-    def kernel(self) -> Kernel: ...
+    base: int
 
-    @property
-    def budget(self) -> SpeculationBudget: ...
 
-    @property
-    def steps(self) -> int:
-        """Transitions per block."""
-        ...
+@dataclass(slots=True)
+class Plan:
+    """What the policy wants, in the order the walk carries it out."""
 
-    @property
-    def block_size(self) -> int:
-        """Tokens a block's extension adds to the response."""
-        ...
+    steps: list[Proposal | Withdrawal] = field(default_factory=list)
+    report_refusals: bool = False
+    """A refused group's proposals are noted as the budget's (a wait for them is counted so)."""
 
-    @property
-    def cap(self) -> int | None:
-        """The most proposals in flight (the walk's own included); ``None``: no cap."""
-        ...
 
-    @property
-    def accepts(self) -> int:
-        """Accepts of the chain so far (with :attr:`transitions`: its acceptance rate)."""
-        ...
+class WalkSnapshot(NamedTuple):
+    """The walk at one moment, read-only: all the policy is given."""
 
-    @property
-    def transitions(self) -> int: ...
-
-    @property
-    def window(self) -> Mapping[int, InFlight]:
-        """Proposals in flight for the transitions ahead of the walk, by transition."""
-        ...
-
-    @property
-    def branches(self) -> Mapping[int, tuple[InFlight, Mapping[int, InFlight]]]:
-        """Accept branches by the transition whose accept they assume: its proposal, and the
-        proposals of later transitions issued from the state that accept would make."""
-        ...
-
-    @property
-    def ahead(self) -> Mapping[int, InFlight]:
-        """The next block's proposals in flight, by transition."""
-        ...
+    kernel: Kernel
+    steps: int
+    """Transitions per block."""
+    block_size: int
+    """Tokens a block's extension adds to the response."""
+    cap: int | None
+    """The most proposals in flight (the walk's own included); ``None``: no cap."""
+    accepts: int
+    """Accepts of the chain so far (with :attr:`transitions`: its acceptance rate)."""
+    transitions: int
+    window: Mapping[int, InFlight]
+    """Proposals in flight for the transitions ahead of the walk, by transition."""
+    branches: Mapping[int, tuple[InFlight, Mapping[int, InFlight]]]
+    """Accept branches by the transition whose accept they assume: its proposal, and the
+    proposals of later transitions issued from the state that accept would make."""
+    ahead: Mapping[int, InFlight]
+    """The next block's proposals in flight, by transition."""
+    block: int
+    draws_of: Callable[[int, int], TransitionDraws]
+    """A transition's keyed draws by (block, transition): a pure function of the chain's seed."""
+    usable: Callable[[InFlight, ChainState], bool]
+    """Whether a proposal is the request the sequential chain makes from a state (the rule)."""
+    marginal_cost: Callable[[int], float]
+    """The engine budget's :meth:`~presto_client.core.speculation.SpeculationBudget.
+    marginal_cost`, a read."""
 
     def draws(self, k: int) -> TransitionDraws:
         """Transition ``k``'s draws in the block the walk is in."""
-        ...
+        return self.draws_of(self.block, k)
 
     def next_draws(self, k: int) -> TransitionDraws:
         """Transition ``k``'s draws in the next block."""
-        ...
-
-    def ready(self, cut: int, received: int) -> bool:
-        """Whether a proposal at ``cut`` can be requested with ``received`` tokens in."""
-        ...
-
-    def usable(self, flight: InFlight, state: ChainState) -> bool:
-        """Whether ``flight`` is the request the sequential chain makes from ``state``."""
-        ...
+        return self.draws_of(self.block + 1, k)
 
 
-class ProposalSink(Protocol):
-    """What the policy may ask of the walk."""
-
-    def propose(self, proposal: Proposal) -> InFlight:
-        """Issue ``proposal`` (after the walk's check: an error if it breaks the rule)."""
-        ...
-
-    def withdraw(self, base: int) -> None:
-        """Close the accept branch of transition ``base``."""
-        ...
-
-    def refused(self, k: int, first: bool) -> None:
-        """The engine's budget refused transition ``k``'s proposal (``first``: the first
-        refusal of this pass), so that a wait for it is counted as the budget's."""
-        ...
+def ready(cut: int, received: int) -> bool:
+    """Whether a proposal at ``cut`` can be requested with ``received`` response tokens in: its
+    prefix (the tokens before the cut) must all be there."""
+    return cut <= received

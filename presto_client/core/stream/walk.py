@@ -23,8 +23,9 @@ Every decision is the kernel's (``kernels.py``), against the state the walk hold
 proposals are in flight is the speed policy's (:mod:`presto_client.core.stream.policy`, tuned by
 :mod:`presto_client.core.stream.tuning`, sized by the engine's shared
 :class:`~presto_client.core.speculation.SpeculationBudget`), up to every remaining transition of
-the block; ``window`` is an optional cap (``None``: none). The policy only proposes: this walk
-is the only writer of what is in flight, and checks the rule
+the block; ``cap`` bounds them (``None``: no bound). The policy only proposes: it reads a snapshot
+of the walk and returns a plan; this walk alone takes the engine's budget slots, is the only
+writer of what is in flight, and checks the rule
 (:mod:`presto_client.core.stream.rule`) when a proposal enters (:meth:`StreamRunner.propose`) and
 again when it is used (:meth:`StreamRunner._take`). It changes the speed, never the chain.
 
@@ -39,9 +40,11 @@ round-based rules.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import numpy as np
 
@@ -49,13 +52,12 @@ from presto_client.core.chain_runner import ChainResult, ChainSetup
 from presto_client.core.kernels import RejectionBound, Verdict
 from presto_client.core.state import ChainState
 from presto_client.core.stream import rule, tuning
-from presto_client.core.stream.face import Face
 from presto_client.core.stream.flight import HEAD, SPECULATIVE, InFlight, Streamed, join_chunks
 from presto_client.core.stream.policy import StreamPolicy
 from presto_client.core.stream.rule import StreamRuleError
 from presto_client.core.stream.streams import StreamIO
 from presto_client.core.stream.tuning import StreamTuning
-from presto_client.core.stream.view import Origin, Proposal
+from presto_client.core.stream.view import Origin, Plan, Proposal, WalkSnapshot, Withdrawal, ready
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +67,11 @@ __all__ = ["StreamRunner"]
 class StreamRunner(StreamIO):
     """PreSTO with a streaming window of in-flight proposals (see the module doc).
 
-    The walk: the window and the accept branches are written here only, every proposal the
-    policy asks for is checked (:meth:`propose`) and every proposal used is checked again
-    (:meth:`_take`). The policy sees it as a :class:`~presto_client.core.stream.view.WalkView`
-    and :class:`~presto_client.core.stream.view.ProposalSink`,
-    through :class:`~presto_client.core.stream.face.Face`."""
+    The walk: the window and the accept branches are written here only, the engine's budget
+    slots taken and given back here only (:meth:`_carry_out`), every proposal the policy wants
+    is checked (:meth:`propose`) and every proposal used is checked again (:meth:`_take`). The
+    policy is given a :meth:`snapshot` and answers with a
+    :class:`~presto_client.core.stream.view.Plan`."""
 
     def __init__(
         self,
@@ -81,7 +83,7 @@ class StreamRunner(StreamIO):
         next_block: bool | None = None,
         tuning: StreamTuning | None = None,
     ) -> None:
-        """``setup.size``: the window, the most proposals in flight (the walk's own included);
+        """``setup.size``: the cap, the most proposals in flight (the walk's own included);
         ``None``: as many as the budget allows, up to every remaining transition. ``overlap``:
         issue proposals while the block's extension streams in. ``accept_branch``: while
         proposals stream,
@@ -92,19 +94,19 @@ class StreamRunner(StreamIO):
         the next extension's tokens move it). ``tuning``: the speed policy's constants."""
         chosen = tuning if tuning is not None else _default_tuning()
         super().__init__(setup, chosen)
-        window = setup.size
-        if window is not None and window < 1:
+        cap = setup.size
+        if cap is not None and cap < 1:
             raise ValueError("window must be >= 1 (or None: no cap)")
-        self.window = window
+        self.cap = cap
         self.early_rejection = early_rejection
         self.overlap = overlap
         self.accept_branch = (
             not self.kernel.state_dependent_cut if accept_branch is None else accept_branch
         )
         self.next_block = not self.kernel.state_dependent_cut if next_block is None else next_block
-        face = Face(self)
-        self.policy = StreamPolicy(face, face, chosen, accept_branch=self.accept_branch)
-        """What to speculate (speed only): it proposes, the walk checks and issues."""
+        self.policy = StreamPolicy(chosen, accept_branch=self.accept_branch)
+        """What to speculate (speed only): it plans, the walk checks and issues."""
+        self._usable_here = functools.partial(rule.usable, self.kernel)
         self._window: dict[int, InFlight] = {}
         """Proposals in flight for the transitions ahead of the walk (written here only)."""
         self._branches: dict[int, tuple[InFlight, dict[int, InFlight]]] = {}
@@ -138,7 +140,7 @@ class StreamRunner(StreamIO):
     def _ready(self, cut: int, received: int) -> bool:
         """Whether a proposal at ``cut`` can be requested with ``received`` response tokens in:
         its prefix (the tokens before the cut) must all be there."""
-        return cut <= received
+        return ready(cut, received)
 
     def _usable(self, flight: InFlight, state: ChainState) -> bool:
         """Whether ``flight`` is the request the sequential chain would make from ``state``."""
@@ -174,7 +176,63 @@ class StreamRunner(StreamIO):
             )
         return flight
 
-    # ---- what the policy may ask (the sink)
+    # ---- the policy's snapshot, and its plans carried out
+
+    def snapshot(self) -> WalkSnapshot:
+        """The walk as the policy sees it now: read-only, no budget to take from."""
+        return WalkSnapshot(
+            self.kernel,
+            self.config.steps_per_block,
+            self.config.block_size,
+            self.cap,
+            self.stats.accepts,
+            self.stats.transitions,
+            MappingProxyType(self._window),
+            MappingProxyType(self._branches),
+            MappingProxyType(self._ahead),
+            self._block,
+            self._transition_draws,
+            self._usable_here,
+            self.budget.marginal_cost,
+        )
+
+    def _in_flight(self) -> int:
+        """Proposals in flight: the head, the window's, every accept branch's and the next
+        block's."""
+        branched = sum(len(b) for _, b in self._branches.values())
+        return 1 + len(self._window) + branched + len(self._ahead)
+
+    def _carry_out(self, plan: Plan) -> None:
+        """Issue what ``plan`` wants, in order, each proposal with its slots of the engine's
+        budget taken here: once one is refused (or its ``limit`` is reached) the rest of its
+        group wait, noted as the budget's if the plan says so. A proposal not issued gives its
+        slots back (a refusal by the rule is the policy's bug, raised; without this the slots
+        would be lost to every chain on the engine)."""
+        per = self.kernel.sequences_per_proposal
+        stopped: int | None = None
+        for step in plan.steps:
+            if isinstance(step, Withdrawal):
+                self._withdraw(step.base)
+                continue
+            if step.group == stopped:
+                if plan.report_refusals:
+                    self._refused_by_budget(step.k, False)
+                continue
+            if step.limit is not None and self._in_flight() >= step.limit:
+                stopped = step.group
+                continue
+            if not self.budget.try_acquire(per, step.reserved, step.survival, own=per):
+                stopped = step.group
+                if plan.report_refusals:
+                    self._refused_by_budget(step.k, True)
+                continue
+            issued = self.stats.requests_issued
+            try:
+                self.propose(step)
+            except BaseException:
+                if self.stats.requests_issued == issued:  # (not issued: its slots never used)
+                    self.budget.release(per)
+                raise
 
     def propose(self, proposal: Proposal) -> InFlight:
         """Issue ``proposal`` if it is the request the sequential chain makes at its transition
@@ -239,14 +297,17 @@ class StreamRunner(StreamIO):
             self._window[k] = flight
         return flight
 
-    def withdraw(self, base: int) -> None:
+    def _withdraw(self, base: int) -> None:
+        """Close the accept branch of transition ``base``."""
         entry = self._branches.pop(base, None)
         if entry is not None:
             for flight in entry[1].values():
                 self._close(flight)
                 self.stats.requests_cancelled += 1
 
-    def refused(self, k: int, first: bool) -> None:
+    def _refused_by_budget(self, k: int, first: bool) -> None:
+        """The budget refused transition ``k``'s proposal (``first``: the first refusal of this
+        pass): a wait for it is counted as the budget's."""
         self._count_refusal(not first)
         self._refused.add(k)
 
@@ -318,9 +379,9 @@ class StreamRunner(StreamIO):
                 if self.overlap and mark != seen and extension.received[0] > 0:
                     seen = mark
                     partial = self._partial = state.extend(join_chunks(extension.chunks[0]))
-                    self.policy.early(partial, length)
+                    self._carry_out(self.policy.early(self.snapshot(), partial, length))
                     if self.accept_branch:
-                        self.policy.scan(partial, None, 0, length)
+                        self._carry_out(self.policy.scan(self.snapshot(), partial, None, 0, length))
                 extension.changed.clear()
                 await extension.changed.wait()
         except BaseException:
@@ -374,7 +435,7 @@ class StreamRunner(StreamIO):
             and len(self._ahead) < self.config.steps_per_block
             and not self._stops(state)
         ):
-            self.policy.ahead(state, m)
+            self._carry_out(self.policy.ahead(self.snapshot(), state, m))
 
     def _speculate_next(self, state: ChainState, block: int, m: int, steps: int) -> None:
         """Request the next block's extension from ``state`` if the policy finds it worth it
@@ -383,7 +444,9 @@ class StreamRunner(StreamIO):
             return
         if not self._may_continue_from(state):
             return
-        if not self.policy.next_extension(steps - m):
+        if not self.policy.next_extension(self.snapshot(), steps - m):
+            return
+        if not self.budget.try_acquire(1):
             return
         extension = Streamed(-1, [self._extension_request(state, block + 1)], SPECULATIVE)
         self._start(extension)
@@ -464,7 +527,7 @@ class StreamRunner(StreamIO):
         steps = self.config.steps_per_block
         if m not in self._window:
             self._window[m] = self._issue(state, self._block, m, HEAD)
-        self.policy.refill(state, m)
+        self._carry_out(self.policy.refill(self.snapshot(), state, m))
         if all(j in self._window for j in range(m, steps)):
             self._speculate_next(state, self._block, m, steps)
             self._speculate_ahead(state, m)
@@ -533,7 +596,8 @@ class StreamRunner(StreamIO):
             if flight.complete:
                 return None, waited
             if self.accept_branch:
-                self.policy.scan(state, flight, flight.k, state.length)
+                plan = self.policy.scan(self.snapshot(), state, flight, flight.k, state.length)
+                self._carry_out(plan)
             flight.changed.clear()
             started = time.perf_counter()
             await flight.changed.wait()
@@ -545,7 +609,7 @@ class StreamRunner(StreamIO):
         """Close the accept branches whose proposal is no longer ``keep``'s (``None``: all)."""
         for t in list(self._branches):
             if keep is None or keep.get(t) is not self._branches[t][0]:
-                self.withdraw(t)
+                self._withdraw(t)
         if keep is None:
             self.policy.forget()
 
