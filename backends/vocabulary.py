@@ -24,7 +24,11 @@ the servers' sources, checked on the real ones where marked):
   the message, else the same bounded search (``max_new_tokens: 0``: a one-token prefill per
   accepted probe). Read in SGLang's sources only; no SGLang server runs here.
 * **openai** (any other OpenAI-compatible server): ``meta.n_vocab`` where its model listing has
-  it (a llama-server does), else nothing: the config's ``vocab_size`` is then the only source.
+  it (a llama-server does); else vLLM's one request (a ``logit_bias`` naming an id past every
+  vocabulary), since such a server is often vLLM behind a gateway or the generic dialect: its
+  refusal states the size. A server that accepts the id, or refuses it without a size, tells
+  nothing (no search: what a refusal means is unknown there), and the config's ``vocab_size`` is
+  then the only source.
 
 The size is then set on the engine (:func:`adopt_vocab_size`), which also makes the top-K tail
 bound (temperatures above 1) and SGLang's full-row scoring work without the config stating it.
@@ -195,13 +199,22 @@ async def discover_vocab_size(
             if dialect == "sglang":
                 return await search_vocab_size(_sglang_probe(engine), expected=expected)
             n = await _listed_vocab(engine)
+            if n is not None:
+                return VocabAnswer(n, f"meta.n_vocab of {adapter.traits.models_path}")
+            refusal = await _vllm_probe(engine, await engine.model())(FAR_ID)
     except TimeoutError:
         return VocabAnswer(None, f"no answer within {timeout_s:g} s")
     except EngineError as exc:
         return VocabAnswer(None, f"the server failed the probe ({exc.detail})")
-    if n is not None:
-        return VocabAnswer(n, f"meta.n_vocab of {adapter.traits.models_path}")
-    return VocabAnswer(None, f"its {adapter.traits.models_path} has no meta.n_vocab")
+    told = vocab_from_message(refusal) if refusal is not None else None
+    if told is not None:
+        return VocabAnswer(told, "stated in the server's refusal of an id past it")
+    return VocabAnswer(
+        None,
+        f"its {adapter.traits.models_path} has no meta.n_vocab, and it "
+        + ("accepts" if refusal is None else "refuses without a size")
+        + f" a logit_bias for token id {FAR_ID}",
+    )
 
 
 def adopt_vocab_size(engine: Any, size: int) -> None:

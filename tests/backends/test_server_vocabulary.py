@@ -155,3 +155,39 @@ async def test_an_answer_past_the_vocabulary_the_server_states_fails_naming_the_
     assert text.startswith("[hostile] ") and "the vocab_size check" in text
     assert "outside the model's vocabulary of 16 tokens" in text
     assert "engines[].vocab_size" in text
+
+
+async def test_a_generic_server_that_is_vllm_tells_its_size_by_its_refusal() -> None:
+    """Issue 48: the generic dialect (``kind: openai``) in front of vLLM (a gateway, say) had no
+    way to learn the vocabulary (its listing has no ``meta.n_vocab``), so answers holding ids past
+    it were kept. vLLM's refusal of a far ``logit_bias`` id states the size: one request, and an
+    answer past that size then fails naming the check."""
+    with EmulationServer("vllm", vocab_size=64, checked_vocab_size=16) as server:
+        spec = EngineSpec("openai", (server.base_url,), name="gateway", top_k=5)
+        engine = create_engine(spec)
+        try:
+            told = await discover_vocab_size(engine)
+            probes = server.stats.requests.get("/v1/completions")
+            assert told.size == 16 and "refusal" in told.how and probes == 1
+            adopt_vocab_size(engine, told.size)
+            request = ProposalRequest((1, 2), 24, 1.0, 3, ScoreSpec((1.0,)))
+            with pytest.raises(InvalidResponseError, match="the vocab_size check"):
+                await engine.generate([request])
+        finally:
+            await engine.aclose()
+
+
+async def test_a_generic_server_that_accepts_a_far_id_tells_nothing() -> None:
+    sent: list[str] = []
+
+    def handler(request: Sent) -> Answer:
+        sent.append(f"{request.method} {request.path}")
+        if request.path.endswith("/models"):
+            return json_answer(200, {"data": [{"id": "m"}]})
+        return json_answer(200, {"choices": [{"text": "x"}]})
+
+    engine = create_engine(EngineSpec("openai", ("http://box:1",)), pool=MemoryPool(handler))
+    answer = await discover_vocab_size(engine)
+    await engine.aclose()
+    assert answer.size is None and f"accepts a logit_bias for token id {FAR_ID}" in answer.how
+    assert sent.count("POST /v1/completions") == 1  # one probe, no search

