@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,43 +35,20 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
-def read_text_file(
-    path: Path, *, what: str, max_bytes: int, missing_hint: str = "", rows: int | None = None
-) -> str:
+def read_text_file(path: Path, *, what: str, max_bytes: int, missing_hint: str = "") -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``.
 
     ``what`` names the file in errors ("config file", "prompts file"), ``missing_hint`` ends
-    the error of a missing one. A device, a pipe or a
-    directory is refused before it is read; the size is checked on the open file, and no more
-    than ``max_bytes + 1`` bytes are ever read (a file growing meanwhile is refused too).
-    ``rows``: only the text up to the end of the ``rows``-th non-blank line is read (a JSONL
-    file's first rows: memory follows the rows used, not the file's size).
+    the error of a missing one. A device, a pipe or a directory is refused before it is read,
+    the size is checked on the open file, and no more than ``max_bytes + 1`` bytes are ever read
+    (a file growing meanwhile is refused too).
     """
     try:
         with path.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(
-                    f"{path}: the {what} is not a regular file (a device, pipe or directory); "
-                    "give the path of a file"
-                )
-            if rows is not None:
-                data = _first_lines(fh, rows, max_bytes)
-            elif st.st_size > max_bytes:
-                raise ConfigError(
-                    f"{path}: the {what} is {_size(st.st_size)}, more than the limit of "
-                    f"{_size(max_bytes)}"
-                )
-            else:
-                data = fh.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such {what}{missing_hint}") from None
-    except IsADirectoryError:
-        raise ConfigError(
-            f"{path}: the {what} is not a regular file (a directory); give the path of a file"
-        ) from None
+            _check_size(path, what, _regular(fh, path, what), max_bytes)
+            data = fh.read(max_bytes + 1)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+        raise _unreadable(exc, path, what, missing_hint) from None
     if len(data) > max_bytes:
         raise ConfigError(f"{path}: the {what} is more than the limit of {_size(max_bytes)}")
     try:
@@ -78,36 +56,72 @@ def read_text_file(
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise _not_utf8(path, what, line, column, data[exc.start]) from None
+
+
+def text_lines(
+    path: Path, *, what: str, max_bytes: int, missing_hint: str = "", whole: bool = True
+) -> Iterator[str]:
+    """The lines of a UTF-8 text file, each with its ``\\n`` (split there only), read as they
+    are taken: memory follows the lines kept, not the file's size (a prompts file's first rows,
+    or a sample of its rows). The checks of :func:`read_text_file`, with a line's bytes that are
+    not UTF-8 named when it is reached; ``whole``: the file is to be read to its end, so one
+    larger than ``max_bytes`` is refused before a line is read (else when the lines taken pass
+    the limit)."""
+    try:
+        with path.open("rb") as fh:
+            size = _regular(fh, path, what)
+            if whole:
+                _check_size(path, what, size, max_bytes)
+            read = 0
+            for lineno, raw in enumerate(fh, 1):
+                read += len(raw)
+                if read > max_bytes:
+                    raise ConfigError(
+                        f"{path}: the {what} is more than the limit of {_size(max_bytes)}"
+                    )
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise _not_utf8(path, what, lineno, exc.start + 1, raw[exc.start]) from None
+                yield line
+    except OSError as exc:
+        raise _unreadable(exc, path, what, missing_hint) from None
+
+
+def _regular(fh: Any, path: Path, what: str) -> int:
+    """The size of the open file ``fh``, refused unless it is a regular file."""
+    st = os.fstat(fh.fileno())
+    if not stat.S_ISREG(st.st_mode):
         raise ConfigError(
-            f"{path} (line {line}, column {column}): the {what} is not UTF-8 text (byte "
-            f"0x{data[exc.start]:02x}); save it as UTF-8"
-        ) from None
+            f"{path}: the {what} is not a regular file (a device, pipe or directory); "
+            "give the path of a file"
+        )
+    return st.st_size
 
 
-_CHUNK = 1 << 20
+def _check_size(path: Path, what: str, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise ConfigError(
+            f"{path}: the {what} is {_size(size)}, more than the limit of {_size(max_bytes)}"
+        )
 
 
-def _first_lines(fh: Any, rows: int, max_bytes: int) -> bytes:
-    """The bytes of ``fh`` up to the end of its ``rows``-th non-blank line (or all, if fewer),
-    read a chunk at a time and never more than ``max_bytes + 1``."""
-    data = bytearray()
-    seen = 0  # non-blank lines complete in data[:start]
-    start = 0
-    while len(data) <= max_bytes:
-        chunk = fh.read(min(_CHUNK, max_bytes + 1 - len(data)))
-        if not chunk:
-            break
-        data += chunk
-        while True:
-            end = data.find(b"\n", start)
-            if end < 0:
-                break
-            if data[start:end].strip():
-                seen += 1
-                if seen == rows:
-                    return bytes(data[: end + 1])
-            start = end + 1
-    return bytes(data)
+def _unreadable(exc: OSError, path: Path, what: str, missing_hint: str) -> ConfigError:
+    if isinstance(exc, FileNotFoundError):
+        return ConfigError(f"{path}: no such {what}{missing_hint}")
+    if isinstance(exc, IsADirectoryError):
+        return ConfigError(
+            f"{path}: the {what} is not a regular file (a directory); give the path of a file"
+        )
+    return ConfigError(f"{path}: cannot read the {what}: {exc.strerror or exc}")
+
+
+def _not_utf8(path: Path, what: str, line: int, column: int, byte: int) -> ConfigError:
+    return ConfigError(
+        f"{path} (line {line}, column {column}): the {what} is not UTF-8 text (byte "
+        f"0x{byte:02x}); save it as UTF-8"
+    )
 
 
 class _StrictLoader(yaml.SafeLoader):

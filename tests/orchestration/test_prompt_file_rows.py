@@ -1,7 +1,7 @@
-"""A prompts file is read no further than the rows a job uses (issue 48, item 2): with a limit
-and no shuffle, a JSONL, CSV or parquet file's first rows are read, so memory follows the rows
-used, not the file's size; with a shuffle the whole file is read (the sample needs every row),
-as is a JSON array."""
+"""A prompts file is read row by row (issue 48, item 2): with a limit and no shuffle a JSONL, CSV
+or parquet file's first rows are read and no more; with a shuffle every row is read but only the
+sample's are kept; so memory follows the rows used, not the file's size. A JSON array is read
+whole. Either way the prompts are those a whole read gives."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import yaml
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.loading import load_job_config
-from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, read_text_file
-from presto_client.orchestration.prompts.prompt_rows import load_prompts
+from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, text_lines
+from presto_client.orchestration.prompts.dataset_loader import load_local
+from presto_client.orchestration.prompts.prompt_rows import load_prompts, rows_to_prompts
 
 ROWS = 100_000
 
@@ -70,12 +71,52 @@ def test_the_first_rows_are_those_a_whole_read_gives(tmp_path: Path, big: Path) 
     ]
 
 
-def test_a_shuffled_sample_still_reads_every_row(tmp_path: Path, big: Path) -> None:
-    sample = load_prompts(
-        load_job_config(_config(tmp_path, {"file": str(big), "limit": 3, "shuffle": True}))
-    )
+def test_a_shuffled_sample_keeps_only_its_rows(tmp_path: Path, big: Path) -> None:
+    cfg = load_job_config(_config(tmp_path, {"file": str(big), "limit": 5, "shuffle": True}))
+    tracemalloc.start()
+    try:
+        sample = load_prompts(cfg)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     indices = [p.origin.row for p in sample if p.origin is not None]
-    assert len(indices) == 3 and max(indices) > 7  # drawn from the whole file
+    assert len(indices) == 5 and max(indices) > 7  # drawn from the whole file
+    # (every row read, five kept: the ~13 MB file's rows held at once were ~60 MB)
+    assert peak < 4 * (1 << 20), peak
+
+
+def _sampled(tmp_path: Path, path: Path, limit: int, seed: int) -> Path:
+    prompts = {"file": str(path), "limit": limit, "shuffle": True, "shuffle_seed": seed}
+    return _config(tmp_path, prompts)
+
+
+def _whole_read_sample(tmp_path: Path, path: Path, limit: int, seed: int) -> list[Any]:
+    """The sample as a whole read gives it: every row loaded, then shuffled and cut."""
+    loaded = load_local(path)
+    cfg = load_job_config(_sampled(tmp_path, path, limit, seed))
+    return [(p.text, p.answer, p.origin) for p in rows_to_prompts(loaded, cfg.prompts)]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_a_shuffled_sample_is_the_one_a_whole_read_gives(tmp_path: Path, suffix: str) -> None:
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(300)]
+    path = tmp_path / f"p{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    elif suffix == ".csv":
+        lines = "".join(f"{r['question']},{r['answer']}\n" for r in rows)
+        path.write_text("question,answer\n" + lines)
+    else:
+        pa = pytest.importorskip("pyarrow")
+        pq = pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=64)
+    for limit, seed in ((1, 0), (7, 0), (7, 3), (299, 1), (400, 2)):
+        cfg = load_job_config(_sampled(tmp_path, path, limit, seed))
+        got = [(p.text, p.answer, p.origin) for p in load_prompts(cfg)]
+        assert got == _whole_read_sample(tmp_path, path, limit, seed)
+        assert len(got) == min(limit, 300)
+        numbers = [o.row for _, _, o in got]
+        assert limit == 1 or numbers != sorted(numbers)  # (shuffled)
 
 
 def test_rows_past_the_limit_are_not_read(tmp_path: Path) -> None:
@@ -132,7 +173,7 @@ def test_a_first_row_past_the_size_limit_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "one.jsonl"
     path.write_bytes(b'{"question": "' + b"y" * 4000 + b'"}\n')
     with pytest.raises(ConfigError, match="more than the limit"):
-        read_text_file(path, what="prompts file", max_bytes=1000, rows=1)
+        next(text_lines(path, what="prompts file", max_bytes=1000, whole=False))
     assert MAX_PROMPTS_BYTES == 1 << 30  # (the real limit: 1 GiB)
 
 

@@ -13,18 +13,20 @@ importing ``datasets`` or touching the network (``presto validate``, ``presto re
 from __future__ import annotations
 
 import csv
-import io
+import heapq
 import json
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.dataset_config import DatasetConfig
-from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, read_text_file
+from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, read_text_file, text_lines
 from presto_client.orchestration.planned import DatasetIdentity
 
 INSTALL_HINT = "pip install 'presto-client[datasets]'"
@@ -39,6 +41,13 @@ class LoadedRows:
     identity: DatasetIdentity
     source: str
     """The source in words (errors name it)."""
+    index: list[int] | None = None
+    """The rows' numbers in the source where the rows are already the job's sample (in its
+    order); ``None``: the rows are the source's, in order."""
+
+
+RowKey = Callable[[int], Any]
+"""A row's place in a seeded order, from its number in the source."""
 
 
 class DatasetNotLoaded(ConfigError):
@@ -47,14 +56,19 @@ class DatasetNotLoaded(ConfigError):
 
 
 def load_rows(
-    dataset: DatasetConfig, *, network: bool = True, first: int | None = None
+    dataset: DatasetConfig,
+    *,
+    network: bool = True,
+    first: int | None = None,
+    sample: tuple[int, RowKey] | None = None,
 ) -> LoadedRows:
     """The rows of ``dataset`` (a relative path is taken as given: the config loader resolves
     it against the config file). ``network=False``: a Hub dataset raises
     :class:`DatasetNotLoaded` instead of loading (whether it is cached is in the message).
-    ``first``: only the first rows are used (a JSONL file is then read no further)."""
+    ``first`` and ``sample``: see :func:`load_local` (a Hub dataset is loaded whole)."""
     if dataset.path is not None:
-        return load_local(Path(dataset.path).expanduser(), split=dataset.split, first=first)
+        path = Path(dataset.path).expanduser()
+        return load_local(path, split=dataset.split, first=first, sample=sample)
     assert dataset.name is not None
     if not network:
         cached = hub_cached(dataset.name)
@@ -71,42 +85,72 @@ def load_rows(
 # --------------------------------------------------------------------------------------------
 
 
-def load_local(path: Path, *, split: str | None = None, first: int | None = None) -> LoadedRows:
-    """Rows of a local file (by its suffix) or of a saved dataset directory; ``first``: only
-    the first rows are read of a JSONL, CSV or parquet file (memory follows the rows used; a
-    JSON array and a saved dataset are read whole)."""
+def load_local(
+    path: Path,
+    *,
+    split: str | None = None,
+    first: int | None = None,
+    sample: tuple[int, RowKey] | None = None,
+) -> LoadedRows:
+    """Rows of a local file (by its suffix) or of a saved dataset directory. A JSONL, CSV or
+    parquet file is read row by row, so memory follows the rows kept, not the file's size:
+    ``first``, its first rows only (read no further); ``sample`` ``(n, key)``, the ``n`` rows
+    whose numbers come first by ``key`` (the whole file read, ``n`` rows kept), in that order,
+    their numbers in :attr:`LoadedRows.index`. A JSON array and a saved dataset are read
+    whole."""
     identity = DatasetIdentity(path=str(path), split=split)
     if path.is_dir():
         return _load_saved(path, split, identity)
     suffix = path.suffix.lower()
     if split is not None:
         raise ConfigError(f"{path}: a file has no splits; remove prompts.dataset.split")
-    if suffix == ".parquet":
-        return _load_parquet(path, identity, first)
-    if suffix == ".csv" and first is not None:
-        return _first_csv_rows(path, first, identity)
-    jsonl = suffix not in (".csv", ".json")
-    text = read_text_file(
-        path,
-        what="prompts file",
-        max_bytes=MAX_PROMPTS_BYTES,
-        missing_hint="; fix the path (relative paths are relative to the config file)",
-        rows=first if jsonl else None,
-    )
-    if suffix == ".csv":
-        return _parse_csv(path, text, identity)
     if suffix == ".json":
-        return _parse_json(path, text, identity)
-    return parse_jsonl(path, text, identity)
+        return _parse_json(path, _read(path), identity)
+    if suffix == ".parquet":
+        rows = _parquet_rows(path, batch=first)
+    else:
+        lines = text_lines(
+            path,
+            what="prompts file",
+            max_bytes=MAX_PROMPTS_BYTES,
+            missing_hint=_MISSING_HINT,
+            whole=first is None,
+        )
+        rows = _csv_rows(path, lines) if suffix == ".csv" else _jsonl_rows(path, lines)
+    with closing(rows):
+        if sample is not None:
+            size, key = sample
+            picked = heapq.nsmallest(size, enumerate(rows), key=lambda item: key(item[0]))
+            kept = [row for _, row in picked]
+            index: list[int] | None = [i for i, _ in picked]
+        else:
+            kept, index = list(rows if first is None else islice(rows, first)), None
+    return LoadedRows([r for r, _ in kept], [p for _, p in kept], identity, str(path), index)
+
+
+_MISSING_HINT = "; fix the path (relative paths are relative to the config file)"
+
+
+def _read(path: Path) -> str:
+    return read_text_file(
+        path, what="prompts file", max_bytes=MAX_PROMPTS_BYTES, missing_hint=_MISSING_HINT
+    )
+
+
+Rows = Generator[tuple[dict[str, Any], str], None, None]
+"""A source's rows as they are read, each with its place (``file:line``)."""
 
 
 def parse_jsonl(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
     """One JSON object per line (blank lines skipped), each placed as ``file:line``."""
-    rows: list[dict[str, Any]] = []
-    places: list[str] = []
     # Split on "\n" only: str.splitlines() also splits inside a JSON string at U+2028, U+0085
     # and other line breaks that JSON allows unescaped.
-    for lineno, line in enumerate(text.split("\n"), 1):
+    pairs = list(_jsonl_rows(path, text.split("\n")))
+    return LoadedRows([r for r, _ in pairs], [p for _, p in pairs], identity, str(path))
+
+
+def _jsonl_rows(path: Path, lines: Iterable[str]) -> Rows:
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -117,9 +161,7 @@ def parse_jsonl(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
             raise ConfigError(
                 f"{path}:{lineno}: a row must be a JSON object (got {type(row).__name__})"
             )
-        rows.append(row)
-        places.append(f"{path}:{lineno}")
-    return LoadedRows(rows, places, identity, str(path))
+        yield row, f"{path}:{lineno}"
 
 
 def _parse_json(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
@@ -153,15 +195,15 @@ def _parse_json(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
     return LoadedRows(list(data), [f"{prefix}[{i}]" for i in range(len(data))], identity, str(path))
 
 
-def _parse_csv(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
+def _csv_rows(path: Path, lines: Iterator[str]) -> Rows:
     """A CSV file with a header line; values are text (``answer`` included). A UTF-8 byte-order
-    mark (spreadsheets write one) is not part of the first column's name."""
-    reader = csv.DictReader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
-    if not reader.fieldnames:
-        raise ConfigError(f"{path}: no header line (a CSV file names its columns first)")
-    rows: list[dict[str, Any]] = []
-    places: list[str] = []
+    mark (spreadsheets write one) is not part of the first column's name. A row may span lines
+    (a quoted cell): the lines are taken as the rows need them."""
+    head = next(lines, "").removeprefix("\ufeff")
+    reader = csv.DictReader(chain([head], lines))
     try:
+        if not reader.fieldnames:
+            raise ConfigError(f"{path}: no header line (a CSV file names its columns first)")
         for row in reader:
             extra = row.pop(None, None)  # type: ignore[call-overload]
             if extra:
@@ -169,39 +211,13 @@ def _parse_csv(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
                     f"{path}:{reader.line_num}: more values than the header's "
                     f"{len(reader.fieldnames)} columns"
                 )
-            rows.append(dict(row))
-            places.append(f"{path}:{reader.line_num}")
+            yield dict(row), f"{path}:{reader.line_num}"
     except csv.Error as exc:
         raise ConfigError(f"{path}:{reader.line_num}: not valid CSV: {exc}") from None
-    return LoadedRows(rows, places, identity, str(path))
 
 
-def _first_csv_rows(path: Path, first: int, identity: DatasetIdentity) -> LoadedRows:
-    """The first ``first`` rows of a CSV file, reading about no further than they need (at
-    most twice their lines): a row may span lines (a quoted cell), so the lines read double
-    until a row past them has begun (the ones before it are whole) or the file has ended."""
-    lines = first + 2  # (the header, the rows, and the start of the next)
-    while True:
-        text = read_text_file(
-            path,
-            what="prompts file",
-            max_bytes=MAX_PROMPTS_BYTES,
-            rows=lines,
-            missing_hint="; fix the path (relative paths are relative to the config file)",
-        )
-        whole = sum(1 for line in text.split("\n") if line.strip()) < lines
-        try:
-            loaded = _parse_csv(path, text, identity)
-        except ConfigError:
-            if whole:
-                raise
-            loaded = None  # (a row cut where the read stopped: read on)
-        if loaded is not None and (whole or len(loaded.rows) > first):
-            return LoadedRows(loaded.rows[:first], loaded.places[:first], identity, str(path))
-        lines *= 2
-
-
-def _load_parquet(path: Path, identity: DatasetIdentity, first: int | None = None) -> LoadedRows:
+def _parquet_rows(path: Path, *, batch: int | None) -> Rows:
+    """A parquet file's rows, batch by batch (``batch`` rows at a time, or pyarrow's default)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -210,19 +226,16 @@ def _load_parquet(path: Path, identity: DatasetIdentity, first: int | None = Non
         ) from None
     if not path.is_file():
         raise ConfigError(f"{path}: no such prompts file; fix the path")
+    sizes = {} if batch is None else {"batch_size": max(batch, 1)}
+    number = 0
     try:
-        if first is None:
-            rows = pq.read_table(path).to_pylist()
-        else:  # (batch by batch, up to the rows used)
-            rows = []
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=max(first, 1)):
-                if len(rows) >= first:
-                    break
-                rows.extend(batch.to_pylist())
-            del rows[first:]
+        batches = pq.ParquetFile(path).iter_batches(**sizes)
+        for rows in batches:
+            for row in rows.to_pylist():
+                yield row, f"{path}: row {number}"
+                number += 1
     except Exception as exc:  # pyarrow's errors (ArrowInvalid, OSError): not a parquet file
         raise ConfigError(f"{path}: cannot read it as parquet: {_one_line(exc)}") from None
-    return LoadedRows(rows, [f"{path}: row {i}" for i in range(len(rows))], identity, str(path))
 
 
 def _import_datasets(what: str) -> Any:

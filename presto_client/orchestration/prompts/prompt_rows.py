@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from presto_client.errors import ConfigError
@@ -38,12 +39,14 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 
 def seeded_order(n: int, seed: int, salt: str = "") -> list[int]:
-    """``range(n)`` in a seeded order: sorted by sha256 of ``salt/seed/index``."""
+    """``range(n)`` in a seeded order: sorted by :func:`order_key`."""
+    return sorted(range(n), key=partial(order_key, seed, salt))
 
-    def key(i: int) -> bytes:
-        return hashlib.sha256(f"{salt}/{seed}/{i}".encode()).digest()
 
-    return sorted(range(n), key=key)
+def order_key(seed: int, salt: str, i: int) -> bytes:
+    """Index ``i``'s place in the seeded order: sha256 of ``salt/seed/index`` (a function of
+    ``i`` alone, so the first rows of the order are found without holding every row)."""
+    return hashlib.sha256(f"{salt}/{seed}/{i}".encode()).digest()
 
 
 def render_template(template: str, values: Mapping[str, Any], place: str) -> str:
@@ -197,8 +200,11 @@ def rows_to_prompts(loaded: LoadedRows, pc: PromptsConfig) -> list[Prompt]:
     if not rows:
         raise ConfigError(f"{loaded.source}: no prompts in the file")
     prompts: list[Prompt] = []
-    for i in select_rows(len(rows), pc):
-        row, place = rows[i], loaded.places[i]
+    # (rows a loader sampled are the selection already, their source numbers beside them)
+    order = select_rows(len(rows), pc) if loaded.index is None else range(len(rows))
+    for j in order:
+        row, place = rows[j], loaded.places[j]
+        i = j if loaded.index is None else loaded.index[j]
         origin = PromptOrigin(loaded.identity, i, row_digest(row))
         raw_answer = row.get(pc.answer_field)
         answer = None if raw_answer is None else str(raw_answer)
@@ -291,9 +297,15 @@ def load_prompts(cfg: JobConfig, *, network: bool = True) -> list[Prompt]:
         prompts = [Prompt(i, text=t) for i, t in enumerate(pc.texts)]
     else:
         source = pc.dataset if pc.dataset is not None else DatasetConfig(path=pc.file)
-        # (unshuffled, a limit is the first rows: a file is read no further than them)
-        first = pc.limit if not pc.shuffle else None
-        prompts = rows_to_prompts(load_rows(source, network=network, first=first), pc)
+        # (a limit is the file's first rows, read no further; shuffled, the rows first in the
+        # seeded order, the others read and dropped: memory follows the rows used)
+        first = sample = None
+        if pc.limit is not None and pc.shuffle:
+            sample = (pc.limit, partial(order_key, pc.shuffle_seed, "rows"))
+        elif pc.limit is not None:
+            first = pc.limit
+        loaded = load_rows(source, network=network, first=first, sample=sample)
+        prompts = rows_to_prompts(loaded, pc)
     if pc.answers is not None:
         if len(pc.answers) != len(prompts):
             raise ConfigError(
