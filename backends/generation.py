@@ -36,6 +36,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from presto_client.backends.adapter import Adapter, HttpCall
+from presto_client.backends.completions import top_values_of_rows
 from presto_client.backends.parsing import TokenLogprobs, check_token_ids
 from presto_client.backends.pool import RequestHeaders
 from presto_client.backends.slots import SlotPlan
@@ -44,7 +45,7 @@ from presto_client.backends.stream_scoring import StreamScorer
 from presto_client.backends.transport import Transport, response_cap
 from presto_client.concurrency import gather_or_fail
 from presto_client.core.engine_protocol import IntArray, ProposalRequest, ScoredTokens, ScoreSpec
-from presto_client.core.scoring import scored_from_raw
+from presto_client.core.scoring import scored_from_raw, scored_from_top_values
 from presto_client.errors import EngineError, EngineUnavailableError, InvalidResponseError
 
 # The engine's logger: what a user filters on is the engine, not the module of its loop.
@@ -175,6 +176,38 @@ class Generation:
         """The proposal's tokens, every part fetched whole."""
         fill = self._fill(request, label, headers, _as_tokens, stream=False)
         return _joined([chunk async for chunk in fill])
+
+    async def whole_scored(
+        self, request: ProposalRequest, label: str, headers: RequestHeaders | None
+    ) -> ScoredTokens:
+        """:meth:`whole` scored from raw logprobs (``scored_from_raw``). Where the answer is one
+        part in vLLM's shape, from its rows' values alone, as streamed chunks are
+        (:func:`~presto_client.backends.completions.top_values_of_rows`: no id of a row parsed,
+        the scores bit-identical, what it takes the full parse takes); anything else through
+        the full parse, whose checks raise the precise error."""
+        scores, vocab = request.scores, self.spec.vocab_size
+        if self._fixes is not None:  # (repairs and continuations: the whole loop)
+            return scored_from_raw(await self.whole(request, label, headers), scores, vocab)
+        model = await self._model()
+        plan = self._slot_plan if self._slots_read else await self.slot_plan()
+        body = await self._whole_body(request, model, label, headers, plan)
+        choices = body.get("choices") if isinstance(body, dict) else None
+        choice = self.adapter.stream_choice([body]) if type(choices) is list else None
+        if choice is not None and len(choices) == 1:
+            ids = choice["token_ids"]
+            if len(ids) == request.num_tokens:
+                rows = choice["logprobs"]
+                keys = self.scorer.keys
+                fast = top_values_of_rows(
+                    ids, rows["token_logprobs"], rows["top_logprobs"], self.spec.top_k, keys, vocab
+                )
+                if fast is not None:
+                    return scored_from_top_values(*fast, scores, vocab)
+        parsed = self.adapter.parse_generate(request, body, label=label)
+        parsed = check_token_ids(parsed, vocab, label=label, engine=self.name)
+        if len(parsed) < request.num_tokens:
+            raise self._short(request, len(parsed), label, stream=False)
+        return scored_from_raw(parsed, scores, vocab)
 
     def stream(
         self, request: ProposalRequest, headers: RequestHeaders | None
@@ -361,6 +394,25 @@ class Generation:
         plan: SlotPlan | None,
     ) -> TokenLogprobs:
         """One part fetched whole, placed on a slot and repaired."""
+        body = await self._whole_body(part, model, label, headers, plan)
+        repairs = self._fixes
+        if repairs is None:
+            parsed = self.adapter.parse_generate(part, body, label=label)
+        else:
+            fixes = repairs.repair_calls(part, body, label=label)
+            extra = await self._repairs(fixes, headers) if fixes else []
+            parsed = repairs.parse_generate_with(part, body, extra, label=label)
+        return check_token_ids(parsed, self.spec.vocab_size, label=label, engine=self.name)
+
+    async def _whole_body(
+        self,
+        part: ProposalRequest,
+        model: str,
+        label: str,
+        headers: RequestHeaders | None,
+        plan: SlotPlan | None,
+    ) -> Any:
+        """One part's answer, fetched whole on the slot the plan takes for it."""
         await self._slot_wait()
         body = None
         slot = None
@@ -380,14 +432,7 @@ class Generation:
             if plan is not None and slot is not None:
                 plan.give_back(slot, _answer_tokens(part.prefix, body))
             self._slot_freed()
-        repairs = self._fixes
-        if repairs is None:
-            parsed = self.adapter.parse_generate(part, body, label=label)
-        else:
-            fixes = repairs.repair_calls(part, body, label=label)
-            extra = await self._repairs(fixes, headers) if fixes else []
-            parsed = repairs.parse_generate_with(part, body, extra, label=label)
-        return check_token_ids(parsed, self.spec.vocab_size, label=label, engine=self.name)
+        return body
 
     def _on_slot(self, call: HttpCall, slot: int) -> HttpCall:
         # A slot is taken only from a plan, and a plan is made only with a slots part.

@@ -36,7 +36,6 @@ from presto_client.core.engine_protocol import (
     ScoreRequest,
 )
 from presto_client.core.scoring import (
-    scored_from_raw,
     scored_from_scaled,
 )
 from presto_client.errors import EngineError, EngineRequestError, InvalidResponseError
@@ -238,9 +237,9 @@ class HttpEngine:
     async def _generate_one(
         self, request: ProposalRequest, model: str, label: str, headers: RequestHeaders | None
     ) -> ScoredTokens:
-        generated = await self.generation.whole(request, label, headers)
         if self.adapter.semantics == RAW:
-            return scored_from_raw(generated, request.scores, self.spec.vocab_size)
+            return await self.generation.whole_scored(request, label, headers)
+        generated = await self.generation.whole(request, label, headers)
         raw = await self._score_raw(
             request.prefix, generated.token_ids.tolist(), model, label, headers=headers
         )

@@ -60,7 +60,8 @@ class StreamScorer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seen = 0
         self._since = 0.0
-        self._keys = CanonicalKeys()
+        self.keys = CanonicalKeys()
+        """vLLM's row keys seen so far (the replica's whole answers read them too)."""
         self.batches = 0
         """Passes run (with :attr:`chunks`: how many chunks a pass scored on average)."""
         self.chunks = 0
@@ -133,7 +134,7 @@ class StreamScorer:
                 rows += logprobs["top_logprobs"]
         # The rows' values alone where their keys are vLLM's own (no id of a row parsed: half
         # of a pass's cost); anything else through the full parse.
-        fast = top_values_of_rows(ids, values, rows, self.top_k, self._keys, vocab_size)
+        fast = top_values_of_rows(ids, values, rows, self.top_k, self.keys, vocab_size)
         if fast is not None:
             scored = scored_from_top_values(*fast, scores, vocab_size)
         else:

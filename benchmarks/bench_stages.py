@@ -5,8 +5,8 @@ machine varies by more than one change saves. This one captures responses from t
 server once (``--captures`` plain responses and as many streams, vLLM dialect, T tokens, top-20),
 then, for the current library and the one at ``--before-rev`` (each in its own process), times
 in a hot loop (best of 7): JSON decoding, parsing the logprob block, scoring (τ = 1 and 0.25),
-parsing and scoring a chunk of 8 one-token stream events, and the retry wrapper around a
-successful attempt.
+both from the rows' values alone (how a whole answer is read now), parsing and scoring a chunk
+of 8 one-token stream events, and the retry wrapper around a successful attempt.
 
     .venv/bin/python -m benchmarks.bench_stages --before-rev 6cbc95d
 """
@@ -72,12 +72,13 @@ def _stages(captures: Path, t: int) -> dict[str, Any]:
     import orjson
 
     from presto_client import backends
+    from presto_client.backends.completions import CanonicalKeys, top_values_of_rows
     from presto_client.backends.spec import EngineSpec
     from presto_client.backends.transport import Transport
     from presto_client.backends.vllm import VllmAdapter
     from presto_client.backends.wire import loads
     from presto_client.core.engine_protocol import ProposalRequest, ScoreSpec
-    from presto_client.core.scoring import scored_from_raw
+    from presto_client.core.scoring import scored_from_raw, scored_from_top_values
 
     adapter = VllmAdapter(EngineSpec("vllm", ("http://127.0.0.1:9",), top_k=20))
     spec = ScoreSpec((1.0, 0.25))
@@ -97,6 +98,19 @@ def _stages(captures: Path, t: int) -> dict[str, Any]:
     res["parse_us"] = _best(lambda b: adapter.parse_generate(request, b, label="x"), bodies)
     parsed = [adapter.parse_generate(request, b, label="x") for b in bodies]
     res["score_us"] = _best(lambda p: scored_from_raw(p, spec), parsed)
+    # A whole answer scored from its rows' values alone (Generation.whole_scored): in place
+    # of the two stages above.
+    keys = CanonicalKeys()
+
+    def values_alone(body: Any) -> Any:
+        choice = adapter.stream_choice([body])
+        lp = choice["logprobs"]
+        values = top_values_of_rows(
+            choice["token_ids"], lp["token_logprobs"], lp["top_logprobs"], 20, keys, None
+        )
+        return scored_from_top_values(*values, spec)
+
+    res["whole_values_us"] = _best(values_alone, bodies)
     res["stream8_parse_us"] = _best(
         lambda b: adapter.parse_stream_events(request, b, label="x"), batches
     )

@@ -44,7 +44,9 @@ async def test_a_drifting_server_is_measured_and_said_once(drift: float) -> None
         report = await _probe(server)
         sent = server.stats.requests.get("/v1/completions", 0)
     details = report.details  # type: ignore[attr-defined]
-    assert 0.0 < details["drift_max_nats"] <= 2 * drift  # (a logit moved by d: its logprob by 2d)
+    # (each answer's logits moved by up to d: a logprob by up to 2d, so two answers of different
+    # batches by up to 4d; which batches the probe's requests share depends on their timing)
+    assert 0.0 < details["drift_max_nats"] <= 4 * drift
     assert details["drift_median_nats"] <= details["drift_max_nats"]
     said = [w for w in report.warnings if "change with the batch" in w]  # type: ignore[attr-defined]
     assert len(said) == 1 and "not expected" in said[0] and "VLLM_BATCH_INVARIANT=1" in said[0]

@@ -193,3 +193,104 @@ async def test_streams_at_once_equal_their_whole_proposals_bit_for_bit(
         await engine.aclose()
     for got, want in zip(together, whole, strict=True):
         _assert_identical(got, want)
+
+
+# ---- whole answers read the same way (Generation.whole_scored)
+
+
+def _whole_server(choices: dict[int, dict[str, Any]]) -> MemoryPool:
+    """Answers each request whole with the tokens its seed chooses (vLLM's plain shape)."""
+
+    def handle(sent: Sent) -> Answer:
+        if sent.path == "/v1/models":
+            return json_answer(200, {"data": [{"id": "m"}]})
+        return json_answer(200, {"choices": [choices[json.loads(sent.body)["seed"]]]})
+
+    return MemoryPool(handle)
+
+
+def _counting_full_parse(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many answers go through the full parse (each call appends one)."""
+    from presto_client.backends import completions
+
+    calls: list[int] = []
+    full = completions.fast_completion_logprobs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return full(*args, **kwargs)
+
+    monkeypatch.setattr(completions, "fast_completion_logprobs", counted)
+    return calls
+
+
+async def test_whole_answers_are_scored_from_their_values_bit_for_bit(
+    vllm_raw: EmulationServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against the emulation server over real HTTP: whole proposals scored from their rows'
+    values alone (no full parse) give every score exactly as the full parse does."""
+    calls = _counting_full_parse(monkeypatch)
+    engine = make_engine("vllm", vllm_raw.base_url, top_k=8, vocab_size=64)
+    try:
+        for scores in (ScoreSpec((0.25, 0.5, 1.0), entropy=True), ScoreSpec((2.0,))):
+            requests = [ProposalRequest((1, 2, 3, i), 12, 0.25, 70 + i, scores) for i in range(6)]
+            got = await engine.generate(requests)
+            assert calls == []  # (the values alone)
+            for request, scored in zip(requests, got, strict=True):
+                parsed = await engine.generation.whole(request, "x", None)
+                _assert_identical(scored, scored_from_raw(parsed, scores, 64))
+            calls.clear()
+    finally:
+        await engine.aclose()
+
+
+async def test_an_unusual_whole_answer_fails_as_the_full_parse_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Answers the values alone cannot vouch for go through the full parse: its scores where
+    it takes them (a sampled token absent from its row, below it), its errors where not (NaN,
+    an id past the vocabulary, rows that do not belong to their tokens, too few tokens)."""
+    rng = random.Random(5)
+    n = 5
+    choices = {seed: _choice(rng, n) for seed in range(1, 7)}
+    absent = choices[1]  # the sampled token left out of a row it is below: taken
+    row = absent["logprobs"]["top_logprobs"][0]
+    row.pop(f"token_id:{absent['token_ids'][0]}")
+    absent["logprobs"]["token_logprobs"][0] = min(row.values()) - 1.0
+    choices[2]["logprobs"]["token_logprobs"][3] = math.nan
+    past = choices[3]
+    token = past["token_ids"][2]
+    row = past["logprobs"]["top_logprobs"][2]
+    row[f"token_id:{VOCAB + 3}"] = row.pop(f"token_id:{token}")
+    past["token_ids"][2] = VOCAB + 3
+    shifted = choices[4]["logprobs"]
+    shifted["top_logprobs"] = shifted["top_logprobs"][1:] + shifted["top_logprobs"][:1]
+    short = choices[5]
+    short["token_ids"].pop()
+    short["logprobs"]["token_logprobs"].pop()
+    short["logprobs"]["top_logprobs"].pop()
+    calls = _counting_full_parse(monkeypatch)
+    spec = EngineSpec("vllm", ("http://x",), top_k=K, vocab_size=VOCAB, max_retries=0)
+    engine = create_engine(spec, pool=_whole_server(choices))
+    scores = ScoreSpec((0.25, 1.0))
+    try:
+        results = await asyncio.gather(
+            *[engine.generate([ProposalRequest((1, 2), n, 0.25, s, scores)]) for s in choices],
+            return_exceptions=True,
+        )
+    finally:
+        await engine.aclose()
+    assert len(calls) == 5  # (seed 6 alone read from its values)
+    expected = {
+        2: "NaN",
+        3: f"vocabulary of {VOCAB} tokens (the vocab_size check)",
+        4: "do not belong to the sampled tokens",
+        5: f"returned {n - 1} tokens, {n} were requested",
+    }
+    for seed, got in zip(choices, results, strict=True):
+        if seed in expected:
+            assert isinstance(got, InvalidResponseError), (seed, got)
+            assert expected[seed] in str(got), (seed, got)
+            continue
+        assert not isinstance(got, BaseException), (seed, got)
+        _assert_identical(got[0], _alone(choices[seed], scores))
