@@ -73,9 +73,12 @@ def text_lines(
             size = _regular(fh, path, what)
             if whole:
                 _check_size(path, what, size, max_bytes)
-            read = 0
-            for lineno, raw in enumerate(fh, 1):
+            read = lineno = 0
+            # (a line is read to its end, but never past the limit: a file without a newline
+            # is not taken in whole)
+            while raw := fh.readline(max_bytes - read + 1):
                 read += len(raw)
+                lineno += 1
                 if read > max_bytes:
                     raise ConfigError(
                         f"{path}: the {what} is more than the limit of {_size(max_bytes)}"

@@ -215,3 +215,46 @@ def test_a_csv_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -
     path.write_bytes("\ufeffquestion,answer\nWhat is 2+2?,4\n".encode())
     prompts = load_prompts(load_job_config(_config(tmp_path, {"file": str(path)})))
     assert [(p.text, p.answer) for p in prompts] == [("What is 2+2?", "4")]
+
+
+def _every_way(tmp_path: Path, path: Path, limit: int) -> list[Any]:
+    """The prompts (or the error) of a whole read, of a limit and of a shuffled sample."""
+    out: list[Any] = []
+    for extra in ({}, {"limit": limit}, {"limit": limit, "shuffle": True}):
+        cfg = load_job_config(_config(tmp_path, {"file": str(path), **extra}))
+        try:
+            out.append([(p.text, p.answer, p.origin) for p in load_prompts(cfg)])
+        except ConfigError as exc:
+            out.append(str(exc))
+    return out
+
+
+def test_a_csv_file_with_old_mac_line_ends_reads_the_same_every_way(tmp_path: Path) -> None:
+    path = tmp_path / "mac.csv"
+    path.write_bytes(b'question,answer\r"two\rlines",1\rplain,2\r\nlast,3\r')
+    whole, first, sample = _every_way(tmp_path, path, 3)
+    assert [t for t, _, _ in whole] == ["two\rlines", "plain", "last"]
+    assert first == whole
+    assert sorted(sample, key=lambda p: p[2].row) == whole  # (the same rows, shuffled)
+
+
+def test_a_line_is_read_no_further_than_the_limit(tmp_path: Path) -> None:
+    """A file without a newline is not taken in whole to find where its first line ends."""
+    path = tmp_path / "one_line.jsonl"
+    path.write_bytes(b'{"question": "' + b"y" * (20 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="more than the limit of 1 MiB"):
+            next(text_lines(path, what="prompts file", max_bytes=1 << 20, whole=False))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_a_rows_error_reads_the_same_with_a_limit_as_whole(tmp_path: Path) -> None:
+    path = tmp_path / "open.jsonl"
+    path.write_text('{"question": "q0"}\n{"question": "abc\n{"question": "q2"}\n')
+    whole, first, sample = _every_way(tmp_path, path, 3)
+    assert whole == first == sample
+    assert "open.jsonl:2: not valid JSON: Unterminated string" in whole

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import csv
 import heapq
+import io
 import json
 import os
+import re
 import socket
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
@@ -106,17 +108,24 @@ def load_local(
         raise ConfigError(f"{path}: a file has no splits; remove prompts.dataset.split")
     if suffix == ".json":
         return _parse_json(path, _read(path), identity)
+    lines: Iterable[str]
     if suffix == ".parquet":
         rows = _parquet_rows(path, batch=first)
     else:
-        lines = text_lines(
-            path,
-            what="prompts file",
-            max_bytes=MAX_PROMPTS_BYTES,
-            missing_hint=_MISSING_HINT,
-            whole=first is None,
-        )
-        rows = _csv_rows(path, lines) if suffix == ".csv" else _jsonl_rows(path, lines)
+        if first is None and sample is None:  # (every row kept: the text at once is faster)
+            text = _read(path)
+            lines = io.StringIO(text, newline="") if suffix == ".csv" else text.split("\n")
+        else:
+            lines = text_lines(
+                path,
+                what="prompts file",
+                max_bytes=MAX_PROMPTS_BYTES,
+                missing_hint=_MISSING_HINT,
+                whole=first is None,
+            )
+            if suffix == ".csv":
+                lines = _universal_lines(lines)
+        rows = _csv_rows(path, iter(lines)) if suffix == ".csv" else _jsonl_rows(path, lines)
     with closing(rows):
         if sample is not None:
             size, key = sample
@@ -150,18 +159,44 @@ def parse_jsonl(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
 
 
 def _jsonl_rows(path: Path, lines: Iterable[str]) -> Rows:
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-        if not isinstance(row, dict):
-            raise ConfigError(
-                f"{path}:{lineno}: a row must be a JSON object (got {type(row).__name__})"
-            )
-        yield row, f"{path}:{lineno}"
+    try:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.removesuffix("\n"))
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
+            if not isinstance(row, dict):
+                raise ConfigError(
+                    f"{path}:{lineno}: a row must be a JSON object (got {type(row).__name__})"
+                )
+            yield row, f"{path}:{lineno}"
+    finally:
+        _close(lines)
+
+
+def _close(lines: Iterable[str]) -> None:
+    """Closes the file behind ``lines`` (a :func:`text_lines` generator) when the rows stop."""
+    close = getattr(lines, "close", None)
+    if close is not None:
+        close()
+
+
+_LONE_CR = re.compile(r"(?<=\r)(?!\n)")
+
+
+def _universal_lines(lines: Iterable[str]) -> Iterator[str]:
+    """Lines split at a lone ``\\r`` too, endings kept: what ``io.StringIO(text, newline="")``
+    gives a CSV reader (a file saved with old Mac line ends is still read)."""
+    try:
+        for line in lines:
+            if "\r" in line:
+                yield from (part for part in _LONE_CR.split(line) if part)
+            else:
+                yield line
+    finally:
+        _close(lines)
 
 
 def _parse_json(path: Path, text: str, identity: DatasetIdentity) -> LoadedRows:
@@ -199,8 +234,7 @@ def _csv_rows(path: Path, lines: Iterator[str]) -> Rows:
     """A CSV file with a header line; values are text (``answer`` included). A UTF-8 byte-order
     mark (spreadsheets write one) is not part of the first column's name. A row may span lines
     (a quoted cell): the lines are taken as the rows need them."""
-    head = next(lines, "").removeprefix("\ufeff")
-    reader = csv.DictReader(chain([head], lines))
+    reader = csv.DictReader(chain([next(lines, "").removeprefix("\ufeff")], lines))
     try:
         if not reader.fieldnames:
             raise ConfigError(f"{path}: no header line (a CSV file names its columns first)")
@@ -212,8 +246,10 @@ def _csv_rows(path: Path, lines: Iterator[str]) -> Rows:
                     f"{len(reader.fieldnames)} columns"
                 )
             yield dict(row), f"{path}:{reader.line_num}"
-    except csv.Error as exc:
-        raise ConfigError(f"{path}:{reader.line_num}: not valid CSV: {exc}") from None
+    except csv.Error as exc:  # (in the header, before the reader counts a line: line 1)
+        raise ConfigError(f"{path}:{max(reader.line_num, 1)}: not valid CSV: {exc}") from None
+    finally:
+        _close(lines)
 
 
 def _parquet_rows(path: Path, *, batch: int | None) -> Rows:
