@@ -345,11 +345,13 @@ class Adapter:
         return out
 
     def stream_choice(self, events: Sequence[Any]) -> dict[str, Any] | None:
-        """The tokens of consecutive stream events as one choice of the completions shape
-        (``token_ids``, ``logprobs.token_logprobs``, ``logprobs.top_logprobs`` keyed
-        ``token_id:N``), for scoring many streams' chunks in one pass
-        (:mod:`presto_client.backends.stream_scoring`); ``None`` (the default): not this shape, or
-        unusual, and :meth:`parse_stream_events` parses the chunk alone."""
+        """The tokens of consecutive stream events (or of a whole answer, as one event) as one
+        choice of the completions shape (``token_ids``, ``logprobs.token_logprobs``,
+        ``logprobs.top_logprobs`` keyed ``token_id:N``), for scoring from the rows' values alone:
+        many streams' chunks in one pass (:mod:`presto_client.backends.stream_scoring`), a whole
+        answer in :meth:`Generation.whole_scored`. ``None`` (the default): not this shape, or
+        unusual, and :meth:`parse_stream_events` / :meth:`parse_generate` parse it. A dialect
+        that answers in this shape but parses differently returns ``None``."""
         return None
 
     def parse_models(self, body: Any) -> ParsedModels:

@@ -189,6 +189,8 @@ def top_values_of_rows(
     n = len(rows)
     if k <= 0 or n == 0 or len(token_ids) != n or len(token_logprobs) != n:
         return None
+    if not all(type(row) is dict for row in rows):
+        return None
     ids = token_id_array(token_ids)
     logprobs = logprob_array(token_logprobs)
     if ids is None or logprobs is None or not known.cover(rows, vocab_size):
@@ -213,6 +215,13 @@ def top_values_of_rows(
         padded = np.full((n, width), -np.inf)
         padded[np.arange(width) < lengths[:, None]] = values
         top = -np.sort(-padded, axis=1)
+    if width > k:
+        # The full parse cuts rows to K: a sampled token cut from its row (at or below the
+        # K-th value) is checked against that value instead, in its own arithmetic.
+        kth = top[:, k - 1]
+        cut = (lengths > k) & (own <= kth) & np.isfinite(logprobs)
+        if bool((cut & ~(logprobs <= kth + ROW_TOLERANCE)).any()):
+            return None
     if width >= k:
         return ids, logprobs, top[:, :k]
     out = np.full((n, k), -np.inf)

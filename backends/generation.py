@@ -185,12 +185,14 @@ class Generation:
         (:func:`~presto_client.backends.completions.top_values_of_rows`: no id of a row parsed,
         the scores bit-identical, what it takes the full parse takes); anything else through
         the full parse, whose checks raise the precise error."""
-        scores, vocab = request.scores, self.spec.vocab_size
+        scores = request.scores
         if self._fixes is not None:  # (repairs and continuations: the whole loop)
-            return scored_from_raw(await self.whole(request, label, headers), scores, vocab)
+            parsed = await self.whole(request, label, headers)
+            return scored_from_raw(parsed, scores, self.spec.vocab_size)
         model = await self._model()
         plan = self._slot_plan if self._slots_read else await self.slot_plan()
         body = await self._whole_body(request, model, label, headers, plan)
+        vocab = self.spec.vocab_size  # (as known when the answer came: it may be learnt meanwhile)
         choices = body.get("choices") if isinstance(body, dict) else None
         choice = self.adapter.stream_choice([body]) if type(choices) is list else None
         if choice is not None and len(choices) == 1:

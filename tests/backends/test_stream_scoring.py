@@ -294,3 +294,37 @@ async def test_an_unusual_whole_answer_fails_as_the_full_parse_says(
             continue
         assert not isinstance(got, BaseException), (seed, got)
         _assert_identical(got[0], _alone(choices[seed], scores))
+
+
+async def test_whole_answers_the_values_cannot_vouch_for_fail_as_before() -> None:
+    """A row that is not a mapping, and a sampled token tied at the K-th value of a row longer
+    than K (the full parse cuts it and checks it against that value, in its own arithmetic:
+    at the tolerance's edge the two checks round apart), go through the full parse."""
+    lp = -0.0008178324970353872
+    edge = -0.0018178324970353874
+    choices = {
+        1: {
+            "token_ids": [3, 4],
+            "logprobs": {
+                "token_logprobs": [-1.0, -2.0],
+                "top_logprobs": [{"token_id:3": -1.0}, None],
+            },
+        },
+        2: {
+            "token_ids": [9],
+            "logprobs": {
+                "token_logprobs": [lp],
+                "top_logprobs": [{"token_id:5": edge, "token_id:9": edge}],
+            },
+        },
+    }
+    spec = EngineSpec("vllm", ("http://x",), top_k=1, vocab_size=VOCAB, max_retries=0)
+    engine = create_engine(spec, pool=_whole_server(choices))
+    scores = ScoreSpec((0.25, 1.0))
+    try:
+        with pytest.raises(InvalidResponseError, match=r"seed=1.*top_logprobs\[1\] is missing"):
+            await engine.generate([ProposalRequest((1, 2), 2, 0.25, 1, scores)])
+        with pytest.raises(InvalidResponseError, match="missing from its top-1 row"):
+            await engine.generate([ProposalRequest((1, 2), 1, 0.25, 2, scores)])
+    finally:
+        await engine.aclose()
