@@ -45,8 +45,13 @@ def read_text_file(path: Path, *, what: str, max_bytes: int, missing_hint: str =
     """
     try:
         with path.open("rb") as fh:
-            _check_size(path, what, _regular(fh, path, what), max_bytes)
-            data = fh.read(max_bytes + 1)
+            size = _regular(fh, path, what)
+            _check_size(path, what, size, max_bytes)
+            # (its size and a byte more, not the limit's worth: a read of n bytes takes n bytes
+            # of memory first, 1 GiB for every prompts file; a file that grew reads on)
+            data = fh.read(size + 1)
+            if len(data) > size:
+                data += fh.read(max_bytes + 1 - len(data))
     except OSError as exc:
         raise _unreadable(exc, path, what, missing_hint) from None
     if len(data) > max_bytes:

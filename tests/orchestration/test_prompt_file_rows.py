@@ -15,7 +15,7 @@ import yaml
 
 from presto_client.errors import ConfigError
 from presto_client.orchestration.config.loading import load_job_config
-from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, text_lines
+from presto_client.orchestration.input_files import MAX_PROMPTS_BYTES, read_text_file, text_lines
 from presto_client.orchestration.prompts.dataset_loader import load_local
 from presto_client.orchestration.prompts.prompt_rows import load_prompts, rows_to_prompts
 
@@ -258,3 +258,39 @@ def test_a_rows_error_reads_the_same_with_a_limit_as_whole(tmp_path: Path) -> No
     whole, first, sample = _every_way(tmp_path, path, 3)
     assert whole == first == sample
     assert "open.jsonl:2: not valid JSON: Unterminated string" in whole
+
+
+def test_a_whole_read_takes_the_files_size_in_memory_not_the_limits(tmp_path: Path) -> None:
+    """A read of n bytes takes n bytes first: reading a small JSON file up to the 1 GiB limit
+    took 1 GiB (a MemoryError under `ulimit -v` of a few hundred MB)."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([{"question": "q"}]))
+    tracemalloc.start()
+    try:
+        text = read_text_file(path, what="prompts file", max_bytes=MAX_PROMPTS_BYTES)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert json.loads(text) == [{"question": "q"}]
+    assert peak < 1 << 20, peak
+
+
+def test_a_file_that_grew_after_its_size_was_read_is_read_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from presto_client.orchestration import input_files
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"question": "' + "z" * 100 + '"}\n')
+    real = os.fstat
+
+    def smaller(fd: int) -> os.stat_result:  # (as if it grew after this was asked)
+        st = real(fd)
+        return os.stat_result((st.st_mode, *st[1:6], 5, *st[7:]))
+
+    monkeypatch.setattr(input_files.os, "fstat", smaller)
+    assert read_text_file(path, what="prompts file", max_bytes=1000) == path.read_text()
+    with pytest.raises(ConfigError, match="more than the limit of 50 bytes"):
+        read_text_file(path, what="prompts file", max_bytes=50)
