@@ -205,8 +205,7 @@ class Generation:
                 )
                 if fast is not None:
                     return scored_from_top_values(*fast, scores, vocab)
-        parsed = self.adapter.parse_generate(request, body, label=label)
-        parsed = check_token_ids(parsed, vocab, label=label, engine=self.name)
+        parsed = await self._parsed(request, body, label, headers)
         if len(parsed) < request.num_tokens:
             raise self._short(request, len(parsed), label, stream=False)
         return scored_from_raw(parsed, scores, vocab)
@@ -397,6 +396,13 @@ class Generation:
     ) -> TokenLogprobs:
         """One part fetched whole, placed on a slot and repaired."""
         body = await self._whole_body(part, model, label, headers, plan)
+        return await self._parsed(part, body, label, headers)
+
+    async def _parsed(
+        self, part: ProposalRequest, body: Any, label: str, headers: RequestHeaders | None
+    ) -> TokenLogprobs:
+        """A whole part's answer parsed (repaired where the dialect repairs) and its ids
+        checked."""
         repairs = self._fixes
         if repairs is None:
             parsed = self.adapter.parse_generate(part, body, label=label)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -20,6 +21,7 @@ from presto_client.orchestration.prompts.dataset_loader import load_local
 from presto_client.orchestration.prompts.prompt_rows import load_prompts, rows_to_prompts
 
 ROWS = 100_000
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,16 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
             fh.write(json.dumps({"question": f"What is {i} + {i}? " + "x" * 100, "answer": 2 * i}))
             fh.write("\n")
     return path
+
+
+def _peak(work: Callable[[], T]) -> tuple[T, int]:
+    """What ``work`` returns, and the most memory it held at once (bytes, tracemalloc's)."""
+    tracemalloc.start()
+    try:
+        out = work()
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def _config(tmp_path: Path, prompts: dict[str, Any]) -> Path:
@@ -49,12 +61,7 @@ def _config(tmp_path: Path, prompts: dict[str, Any]) -> Path:
 
 def test_a_limit_reads_the_first_rows_only(tmp_path: Path, big: Path) -> None:
     cfg = load_job_config(_config(tmp_path, {"file": str(big), "limit": 5}))
-    tracemalloc.start()
-    try:
-        prompts = load_prompts(cfg)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    prompts, peak = _peak(lambda: load_prompts(cfg))
     assert [p.text for p in prompts] == [f"What is {i} + {i}? " + "x" * 100 for i in range(5)]
     assert [p.answer for p in prompts] == [str(2 * i) for i in range(5)]
     # The file is ~13 MB; read whole, its text alone would be that much.
@@ -73,12 +80,7 @@ def test_the_first_rows_are_those_a_whole_read_gives(tmp_path: Path, big: Path) 
 
 def test_a_shuffled_sample_keeps_only_its_rows(tmp_path: Path, big: Path) -> None:
     cfg = load_job_config(_config(tmp_path, {"file": str(big), "limit": 5, "shuffle": True}))
-    tracemalloc.start()
-    try:
-        sample = load_prompts(cfg)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    sample, peak = _peak(lambda: load_prompts(cfg))
     indices = [p.origin.row for p in sample if p.origin is not None]
     assert len(indices) == 5 and max(indices) > 7  # drawn from the whole file
     # (every row read, five kept: the ~13 MB file's rows held at once were ~60 MB)
@@ -242,13 +244,12 @@ def test_a_line_is_read_no_further_than_the_limit(tmp_path: Path) -> None:
     """A file without a newline is not taken in whole to find where its first line ends."""
     path = tmp_path / "one_line.jsonl"
     path.write_bytes(b'{"question": "' + b"y" * (20 << 20))
-    tracemalloc.start()
-    try:
+
+    def first_line() -> None:
         with pytest.raises(ConfigError, match="more than the limit of 1 MiB"):
             next(text_lines(path, what="prompts file", max_bytes=1 << 20, whole=False))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+
+    _, peak = _peak(first_line)
     assert peak < 4 << 20, peak
 
 
@@ -265,12 +266,9 @@ def test_a_whole_read_takes_the_files_size_in_memory_not_the_limits(tmp_path: Pa
     took 1 GiB (a MemoryError under `ulimit -v` of a few hundred MB)."""
     path = tmp_path / "p.json"
     path.write_text(json.dumps([{"question": "q"}]))
-    tracemalloc.start()
-    try:
-        text = read_text_file(path, what="prompts file", max_bytes=MAX_PROMPTS_BYTES)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    text, peak = _peak(
+        lambda: read_text_file(path, what="prompts file", max_bytes=MAX_PROMPTS_BYTES)
+    )
     assert json.loads(text) == [{"question": "q"}]
     assert peak < 1 << 20, peak
 
